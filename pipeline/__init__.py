@@ -1,0 +1,1 @@
+"""speclab's experiment pipeline: Hydra entry point and one module per measured stage."""

@@ -1,0 +1,44 @@
+"""Stage timing: target and draft step time after the prompt, and target pass time over 1..9 new tokens."""
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.context import StageContext
+from pipeline.parquet import make_schema
+from pipeline.stages import StageOutput
+from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns
+from speclab.step_costs import pass_times
+
+SCHEMA = make_schema(IDENTITY_FIELDS + [
+    ("prompt_id", "string"), ("kind", "string"), ("context_len", "int32"), ("model", "string"),
+    ("pass_len", "int32"), ("median_s", "float64"), ("q25_s", "float64"), ("q75_s", "float64"),
+    ("samples", "int32"),
+] + MEMORY_FIELDS)
+
+
+def run(ctx: StageContext) -> StageOutput:
+    st = ctx.cfg.stage
+    lengths = [int(n) for n in st.pass_lengths]
+    rows = []
+    for prompt in ctx.prompts[: int(st.prompts_to_time)]:
+        ids = ctx.inputs[prompt.id]
+        for role, model in (("target", ctx.pair.target), ("draft", ctx.pair.draft)):
+            mem = memory_columns(ctx)  # where the weights are when this time is taken
+            for t in pass_times(model, ids, lengths, int(st.repeats), int(st.warmup)):
+                rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind,
+                             "context_len": ids.shape[1], "model": role, "pass_len": t.pass_len,
+                             "median_s": t.median_s, "q25_s": t.q25_s, "q75_s": t.q75_s,
+                             "samples": t.samples, **mem})
+    df = pd.DataFrame(rows)
+    med = df.groupby(["model", "pass_len"]).median_s.median()
+    target_step = med[("target", 1)]
+    metrics = {"target_step_ms": 1e3 * target_step, "draft_step_ms": 1e3 * med[("draft", 1)],
+               "c_draft": med[("draft", 1)] / target_step}
+    metrics.update({f"c_verify_n{n}": med[("target", n)] / target_step for n in lengths})
+    summary = [f"target step {metrics['target_step_ms']:.1f} ms, draft step {metrics['draft_step_ms']:.1f} ms "
+               f"(c_draft = {metrics['c_draft']:.3f})",
+               "target pass / target step by new tokens: "
+               + ", ".join(f"{n}: {metrics[f'c_verify_n{n}']:.2f}" for n in lengths)]
+    if not df.memory_trusted.all():
+        summary.append(f"WARNING: memory placement not trusted: {df.memory_reason[~df.memory_trusted].iloc[0]}")
+    return StageOutput(df, metrics, summary)

@@ -1,0 +1,64 @@
+"""Drafters propose tokens for the target to verify. The loop only sees this interface."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from speclab.cache import crop_to, forward_logits, new_cache
+from speclab.sampling import SamplingConfig, logits_to_probs
+
+
+class Drafter(Protocol):
+    def start(self, ids: torch.Tensor, n_ctx: int) -> None:
+        """Begin a sequence; ``ids[0, :n_ctx]`` may be pre-processed (prefill)."""
+
+    def propose(self, ids: torch.Tensor, length: int, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to k proposals continuing ``ids[0, :length]``, and their distributions (sampling) or None."""
+
+    def rollback(self, valid_length: int) -> None:
+        """Only ``ids[0, :valid_length]`` is still part of the output."""
+
+
+class ModelDrafter:
+    """A draft language model with its own KV cache."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache = new_cache(model)
+        self.seen = 0  # positions of ids already in self.cache
+
+    def start(self, ids: torch.Tensor, n_ctx: int) -> None:
+        self.cache = new_cache(self.model)
+        self.seen = 0
+        if n_ctx > 0:
+            forward_logits(self.model, ids[:, :n_ctx], self.cache, 1)
+            self.seen = n_ctx
+
+    @torch.inference_mode()
+    def propose(self, ids: torch.Tensor, length: int, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # Feed whatever the draft has not seen yet: after an all-accepted iteration that is
+        # its own last proposal plus the target's bonus token.
+        inp = ids[:, self.seen:length]
+        proposals, dists = [], []
+        for _ in range(k):
+            logits = forward_logits(self.model, inp, self.cache, 1)[-1]
+            if sampling.do_sample:
+                q = logits_to_probs(logits, sampling)
+                x = torch.multinomial(q, 1, generator=generator)
+                dists.append(q)
+            else:
+                x = torch.argmax(logits, dim=-1, keepdim=True)
+            proposals.append(x)
+            inp = x.view(1, 1)
+        # The last proposal was never fed back in.
+        self.seen = length + k - 1 if k else self.seen
+        props = torch.cat(proposals) if proposals else ids.new_empty(0)
+        return props, (torch.stack(dists) if dists else None)
+
+    def rollback(self, valid_length: int) -> None:
+        keep = min(self.seen, valid_length)
+        crop_to(self.cache, keep)
+        self.seen = keep

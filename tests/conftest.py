@@ -1,0 +1,17 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_pair():
+    """Target and an unrelated (useless) draft over a 64-token vocabulary."""
+    from speclab.models import tiny_random_model
+
+    return tiny_random_model(64, seed=0), tiny_random_model(64, seed=1)

@@ -1,0 +1,80 @@
+"""The acceptance rules on synthetic distributions: the correct rule reproduces p, the wrong ones do not."""
+import numpy as np
+import pytest
+import torch
+
+from speclab.acceptance import (
+    accept_greedy,
+    accept_keep_draft,
+    accept_sample,
+    accept_sample_resample_target,
+    residual,
+    sampling_rule,
+)
+from speclab.stats import chi_square
+
+P = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
+Q = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.20, 0.30])
+N_DRAWS = 20_000
+
+
+def _one_token_counts(rule, p, q, n=N_DRAWS, seed=0):
+    """Draw x ~ q, apply the rule with k = 1, record the emitted first token."""
+    g = torch.Generator().manual_seed(seed)
+    xs = torch.multinomial(q, n, replacement=True, generator=g)
+    p_rows = torch.stack([p, p])  # row 0 verifies x, row 1 would give the bonus
+    q_rows = q.view(1, -1)
+    counts = np.zeros(p.shape[0])
+    for x in xs:
+        n_acc, nxt = rule(x.view(1), p_rows, q_rows, g)
+        counts[int(x) if n_acc == 1 else nxt] += 1
+    return counts
+
+
+def test_correct_rule_reproduces_target():
+    res = chi_square(_one_token_counts(accept_sample, P, Q), P.numpy())
+    assert res.pvalue > 0.001
+
+
+@pytest.mark.parametrize("rule", [accept_sample_resample_target, accept_keep_draft])
+def test_wrong_rules_fail(rule):
+    res = chi_square(_one_token_counts(rule, P, Q), P.numpy())
+    assert res.pvalue < 1e-6
+
+
+def test_draft_equal_to_target_accepts_everything():
+    g = torch.Generator().manual_seed(1)
+    k = 5
+    props = torch.multinomial(P, k, replacement=True, generator=g)
+    for _ in range(200):
+        n, _ = accept_sample(props, P.repeat(k + 1, 1), P.repeat(k, 1), g)
+        assert n == k
+
+
+def test_greedy_rule_accepts_prefix_and_supplies_target_token():
+    logits = torch.full((4, 6), -1.0)
+    best = [2, 5, 1, 3]
+    for row, b in enumerate(best):
+        logits[row, b] = 1.0
+    assert accept_greedy(torch.tensor([2, 5, 1]), logits) == (3, 3)  # all accepted, bonus from last row
+    assert accept_greedy(torch.tensor([2, 4, 1]), logits) == (1, 5)  # rejected at 1: the target's arg-max
+    assert accept_greedy(torch.tensor([0, 5, 1]), logits) == (0, 2)
+
+
+def test_residual_is_positive_part_of_p_minus_q():
+    r = residual(P, Q)
+    expected = torch.clamp(P - Q, min=0)
+    assert torch.allclose(r, expected / expected.sum())
+    assert torch.equal(residual(P, P), P)  # nothing left over falls back to p
+
+
+def test_zero_draft_probability_never_divides_by_zero():
+    p = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
+    q = torch.tensor([[0.0, 1.0]])
+    n, nxt = accept_sample(torch.tensor([1]), p, q, torch.Generator().manual_seed(0))
+    assert n == 1 and nxt in (0, 1)
+
+
+def test_unknown_rule_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown acceptance rule 'bogus'"):
+        sampling_rule("bogus")
