@@ -11,9 +11,7 @@ outputs/benchmarks/generate_comparison.parquet and prints medians of the ratios.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -25,7 +23,7 @@ from pipeline.parquet import write_parquet  # noqa: E402
 from pipeline.prompts import encode, load_prompts  # noqa: E402
 from speclab.loop import plain_greedy, speculative_generate  # noqa: E402
 from speclab.models import load_pair  # noqa: E402
-from speclab.timing import synchronize  # noqa: E402
+from speclab.peer import hf_generate  # noqa: E402
 
 ARMS = ("ours_plain", "hf_generate", "ours_speculative", "hf_assisted")
 SCHEMA = pa.schema([
@@ -33,15 +31,6 @@ SCHEMA = pa.schema([
     ("position", pa.int32()), ("k", pa.int32()), ("new_tokens", pa.int32()), ("wall_s", pa.float64()),
     ("tokens_per_s", pa.float64()), ("identical_to_ours_plain", pa.bool_()),
 ])
-
-
-def _hf_config(model, n_new: int, k: int | None):
-    gc = copy.deepcopy(model.generation_config)
-    gc.update(do_sample=False, max_new_tokens=n_new, min_new_tokens=None, eos_token_id=None)
-    if k is not None:
-        gc.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
-                  assistant_confidence_threshold=0.0)
-    return gc
 
 
 def run_arm(arm: str, pair, ids: torch.Tensor, n_new: int, k: int) -> tuple[list[int], float]:
@@ -52,13 +41,7 @@ def run_arm(arm: str, pair, ids: torch.Tensor, n_new: int, k: int) -> tuple[list
     if arm == "ours_speculative":
         r = speculative_generate(pair.target, pair.draft, ids, n_new, k=k)
         return r.tokens, r.wall_s
-    kwargs = {"assistant_model": pair.draft} if arm == "hf_assisted" else {}
-    gc = _hf_config(pair.target, n_new, k if arm == "hf_assisted" else None)
-    synchronize(pair.device)
-    t0 = time.perf_counter()
-    out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc, **kwargs)
-    synchronize(pair.device)
-    return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0
+    return hf_generate(pair.target, ids, n_new, assistant=pair.draft if arm == "hf_assisted" else None, k=k)
 
 
 def main() -> None:

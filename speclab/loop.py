@@ -27,6 +27,11 @@ class IterationStats:
     total_s: float
 
     @property
+    def checked(self) -> int:
+        """Proposals the target actually judged: the accepted ones and the first rejected one, if any."""
+        return self.accepted + (self.accepted < self.k)
+
+    @property
     def bookkeeping_s(self) -> float:
         return self.total_s - self.draft_s - self.verify_s - self.rollback_s
 
@@ -53,7 +58,21 @@ class GenerationResult:
         return sum(it.accepted for it in self.iterations)
 
     @property
+    def checked(self) -> int:
+        return sum(it.checked for it in self.iterations)
+
+    @property
     def acceptance_rate(self) -> float:
+        """alpha-hat: accepted / checked proposals (the i.i.d. model's maximum-likelihood estimate).
+
+        Proposals after the first rejection were never judged, so counting them as failures
+        (accepted / proposed) would make alpha fall with k for the same text and pair.
+        """
+        return self.accepted / self.checked if self.checked else float("nan")
+
+    @property
+    def proposal_efficiency(self) -> float:
+        """accepted / proposed: the share of draft work that ended up in the output."""
         return self.accepted / self.proposed if self.proposed else float("nan")
 
     @property

@@ -80,3 +80,15 @@ def test_crop_to_keeps_prefix():
     assert torch.allclose(resumed, fresh, atol=1e-5)
     with pytest.raises(ValueError, match="cannot crop"):
         crop_to(cache, 99)
+
+
+def test_acceptance_rate_counts_checked_proposals_only():
+    from speclab.loop import GenerationResult, IterationStats
+
+    its = [IterationStats(4, 2, False, 3, 0, 0, 0, 0), IterationStats(4, 4, True, 5, 0, 0, 0, 0),
+           IterationStats(2, 0, False, 1, 0, 0, 0, 0)]
+    res = GenerationResult([0] * 9, 1, 1.0, 0.0, iterations=its)
+    # checked: 2 accepted + 1 rejected, 4 accepted, 1 rejected
+    assert res.acceptance_rate == pytest.approx(6 / 8)
+    assert res.proposal_efficiency == pytest.approx(6 / 10)
+    assert res.tokens_per_target_pass == pytest.approx(3.0)

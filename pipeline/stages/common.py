@@ -32,6 +32,15 @@ def memory_columns(ctx: StageContext) -> dict:
             "memory_trusted": m.trusted, "memory_reason": m.reason}
 
 
+def stage_ks(cfg: DictConfig, prefer: str = "ks") -> list[int]:
+    """The k values of this job: ``stage.<prefer>``, else ``stage.ks``, else the top-level k."""
+    ks = [int(k) for k in (cfg.stage.get(prefer) or cfg.stage.get("ks") or [cfg.k])]
+    bad = [k for k in ks if k < 1]
+    if bad:
+        raise ValueError(f"k={bad[0]} is not allowed: the number of proposals must be an integer >= 1")
+    return ks
+
+
 MEMORY_FIELDS = [("param_devices", "string"), ("rss_bytes", "int64"), ("device_free_bytes", "int64"),
                  ("memory_trusted", "bool"), ("memory_reason", "string")]
 IDENTITY_FIELDS = [("pair", "string"), ("target", "string"), ("draft", "string"), ("device", "string"),

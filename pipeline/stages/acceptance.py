@@ -1,0 +1,84 @@
+"""Stage acceptance: the greedy (or sampling) loop over every prompt at k; one row per iteration."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from pipeline.context import StageContext
+from pipeline.parquet import make_schema
+from pipeline.stages import StageOutput
+from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, sampling_config, stage_ks
+from speclab.cost_model import expected_tokens_per_iteration
+from speclab.loop import speculative_generate
+
+SCHEMA = make_schema(IDENTITY_FIELDS + [
+    ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("do_sample", "bool"),
+    ("temperature", "float64"), ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"),
+    ("bonus", "bool"), ("new_tokens", "int32"),
+])
+
+
+def position_acceptance(df: pd.DataFrame, k: int) -> pd.DataFrame:
+    """Per draft position i (0-based): conditional P(i accepted | i reached) and cumulative P(i accepted).
+
+    Only iterations that proposed the full k count. The bonus token is not a draft position:
+    it is reported separately as the share of iterations that accepted all k.
+    """
+    full = df[df.proposed == k]
+    acc = full.accepted.to_numpy()
+    rows = []
+    for i in range(k):
+        reached = (acc >= i).sum()
+        rows.append({"position": i, "conditional": (acc > i).sum() / reached if reached else np.nan,
+                     "cumulative": (acc > i).mean() if len(acc) else np.nan})
+    return pd.DataFrame(rows)
+
+
+def alpha(df: pd.DataFrame) -> float:
+    """accepted / checked proposals (a rejection ends the check; later proposals were never judged)."""
+    checked = df.accepted.sum() + (df.accepted < df.proposed).sum()
+    return df.accepted.sum() / checked if checked else float("nan")
+
+
+def proposal_efficiency(df: pd.DataFrame) -> float:
+    return df.accepted.sum() / df.proposed.sum() if df.proposed.sum() else float("nan")
+
+
+def run(ctx: StageContext) -> StageOutput:
+    cfg, pair = ctx.cfg, ctx.pair
+    ks, sampling = stage_ks(cfg, "acceptance_ks"), sampling_config(cfg)
+    gen = generator(ctx)
+    rows = []
+    for k in ks:
+        for prompt in tqdm(ctx.prompts, desc=f"acceptance k={k}", leave=False):
+            res = speculative_generate(pair.target, pair.draft, ctx.inputs[prompt.id], int(cfg.max_new_tokens), k=k,
+                                       sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
+            for i, it in enumerate(res.iterations):
+                rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
+                             "do_sample": sampling.do_sample, "temperature": sampling.temperature, "iteration": i,
+                             "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
+                             "new_tokens": it.new_tokens})
+    df = pd.DataFrame(rows)
+    metrics, summary = {}, []
+    for k, at_k in df.groupby("k"):
+        a, tpp = alpha(at_k), at_k.new_tokens.mean()
+        metrics.update({f"alpha.k{k}": a, f"tokens_per_pass.k{k}": tpp,
+                        f"tokens_per_pass_formula.k{k}": expected_tokens_per_iteration(a, k),
+                        f"bonus_rate.k{k}": at_k[at_k.proposed == k].bonus.mean(),
+                        f"proposal_efficiency.k{k}": proposal_efficiency(at_k)})
+        summary.append(f"k={k}: pooled alpha {a:.3f} (accepted/checked; accepted/proposed "
+                       f"{proposal_efficiency(at_k):.3f}); tokens per target pass {tpp:.2f} measured, "
+                       f"{metrics[f'tokens_per_pass_formula.k{k}']:.2f} from the formula")
+        for kind, sub in at_k.groupby("kind", sort=False):
+            metrics[f"alpha.k{k}.{kind}"] = alpha(sub)
+            metrics[f"tokens_per_pass.k{k}.{kind}"] = sub.new_tokens.mean()
+            per_prompt = ", ".join(f"{pid} {alpha(s):.2f}" for pid, s in sub.groupby("prompt_id", sort=False))
+            summary.append(f"  {kind:10s} alpha {alpha(sub):.3f} (per prompt: {per_prompt})")
+        pos = position_acceptance(at_k, k)
+        for r in pos.itertuples():
+            metrics[f"position{r.position}.conditional.k{k}"] = r.conditional
+            metrics[f"position{r.position}.cumulative.k{k}"] = r.cumulative
+        summary.append("  by draft position (conditional / cumulative; the bonus token is not a position): "
+                       + ", ".join(f"{r.position}: {r.conditional:.2f}/{r.cumulative:.2f}" for r in pos.itertuples()))
+    return StageOutput(df, metrics, summary)

@@ -1,0 +1,34 @@
+"""transformers' own generate(), plain and assisted, timed the same way as our loops: the peer baseline."""
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from speclab.sampling import GREEDY, SamplingConfig
+from speclab.timing import synchronize
+
+
+def hf_generate(target: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int,
+                assistant: torch.nn.Module | None = None, k: int = 4, sampling: SamplingConfig = GREEDY,
+                eos_token_id: int | list[int] | None = None) -> tuple[list[int], float]:
+    """New tokens and synchronised wall seconds of ``target.generate``.
+
+    With ``assistant`` it is assisted generation with a constant schedule of k proposals and the
+    confidence threshold off, i.e. the same algorithm as our loop with fixed k.
+    """
+    gc = copy.deepcopy(target.generation_config)
+    gc.update(do_sample=sampling.do_sample, max_new_tokens=max_new_tokens, min_new_tokens=None,
+              eos_token_id=eos_token_id)
+    if sampling.do_sample:
+        gc.update(temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+    kwargs = {}
+    if assistant is not None:
+        gc.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        kwargs["assistant_model"] = assistant
+    synchronize(input_ids.device)
+    t0 = time.perf_counter()
+    out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gc, **kwargs)
+    synchronize(input_ids.device)
+    return out[0, input_ids.shape[1]:].tolist(), time.perf_counter() - t0
