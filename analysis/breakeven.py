@@ -1,0 +1,118 @@
+"""Where speculation pays: step time vs pass length, break-even alpha per k, the speed-up map, best k.
+
+    python -m analysis.breakeven   (reads outputs/timing and the fit's speed points)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib import pyplot as plt
+
+from analysis.common import load_params, read_stage, save_figure, save_table
+from speclab.cost_model import break_even_alpha, predicted_speedup
+
+
+def cost_ratios(timing: pd.DataFrame) -> pd.DataFrame:
+    """Per pair: c_draft and c_verify(n) = target pass over n new tokens / target step (medians over runs)."""
+    med = timing.groupby(["pair", "model", "pass_len"]).median_s.median().reset_index()
+    rows = []
+    for pair, g in med.groupby("pair"):
+        t = g[g.model == "target"].set_index("pass_len").median_s
+        d = g[g.model == "draft"].set_index("pass_len").median_s
+        for n, v in t.items():
+            rows.append({"pair": pair, "pass_len": int(n), "target_s": v, "c_verify": v / t[1],
+                         "c_draft": d[1] / t[1], "draft_s": d[1]})
+    return pd.DataFrame(rows)
+
+
+def c_verify_for(costs: pd.DataFrame, k: int) -> float:
+    """Verification covers k+1 new tokens: the shortest measured pass at least that long, else the longest."""
+    longer = costs.pass_len[costs.pass_len >= k + 1]
+    n = int(longer.min()) if len(longer) else int(costs.pass_len.max())
+    return float(costs.loc[costs.pass_len == n, "c_verify"].iloc[0])
+
+
+def breakeven_table(costs: pd.DataFrame, k_max: int) -> pd.DataFrame:
+    rows = []
+    for pair, c in costs.groupby("pair"):
+        cd = float(c.c_draft.iloc[0])
+        for k in range(1, k_max + 1):
+            cv = c_verify_for(c, k)
+            rows.append({"pair": pair, "k": k, "c_draft": cd, "c_verify": cv,
+                         "break_even_alpha": break_even_alpha(k, cd, cv)})
+    return pd.DataFrame(rows)
+
+
+def best_k_table(points: pd.DataFrame, costs: pd.DataFrame, k_max: int) -> pd.DataFrame:
+    """Best k per kind: by the cost model (alpha of the kind, measured costs) and by measurement."""
+    rows = []
+    for (pair, kind), g in points.groupby(["pair", "kind"]):
+        c = costs[costs.pair == pair]
+        if c.empty or g.alpha.isna().all():
+            continue
+        a = float(np.average(g.alpha.dropna()))
+        cd = float(c.c_draft.iloc[0])
+        preds = {k: predicted_speedup(a, k, cd, c_verify_for(c, k)) for k in range(1, k_max + 1)}
+        k_pred = max(preds, key=preds.get)
+        best = g.loc[g.measured.idxmax()]
+        rows.append({"pair": pair, "kind": kind, "alpha": a, "best_k_predicted": k_pred,
+                     "predicted_speedup": preds[k_pred], "best_k_measured": int(best.k),
+                     "measured_speedup": float(best.measured)})
+    return pd.DataFrame(rows)
+
+
+def step_time_figure(timing: pd.DataFrame):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    d = timing.assign(ms=1e3 * timing.median_s)
+    sns.lineplot(data=d, x="pass_len", y="ms", hue="model", style="pair", marker="o", ax=ax,
+                 estimator="median", errorbar=None)
+    ax.set(xlabel="new tokens in the pass", ylabel="pass time (ms, median)", ylim=(0, None),
+           title="Step time vs pass length (after the prompt)")
+    return fig
+
+
+def map_figure(costs: pd.DataFrame, points: pd.DataFrame, pair: str, alpha_steps: int, k_max: int):
+    c = costs[costs.pair == pair]
+    cd = float(c.c_draft.iloc[0])
+    alphas = np.linspace(0, 1, alpha_steps)
+    ks = np.arange(1, k_max + 1)
+    grid = np.array([[predicted_speedup(a, int(k), cd, c_verify_for(c, int(k))) for a in alphas] for k in ks])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", vmin=0, vmax=2, shading="nearest")
+    fig.colorbar(mesh, ax=ax, label="predicted speed-up")
+    be = [break_even_alpha(int(k), cd, c_verify_for(c, int(k))) for k in ks]
+    ax.plot(be, ks, "k-", lw=2, label="break-even alpha")
+    pts = points[(points.pair == pair) & (points.kind != "all")]
+    for kind, g in pts.groupby("kind"):
+        best = g.loc[g.measured.idxmax()]
+        ax.plot(best.alpha, best.k, "o", ms=9, mec="k", label=f"{kind}: measured x{best.measured:.2f} at best k")
+    ax.set(xlabel="acceptance rate alpha", ylabel="k", title=f"Predicted speed-up map, {pair} (c_draft={cd:.2f})")
+    ax.legend(fontsize=7, loc="upper left")
+    return fig
+
+
+def main() -> None:
+    params = load_params()
+    out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
+    timing = read_stage(params["outputs_dir"], "timing")
+    if timing.empty:
+        raise SystemExit("analysis.breakeven: no outputs/timing; run `python -m pipeline.run +sweep=timing`")
+    k_max, steps = int(params["map"]["k_max"]), int(params["map"]["alpha_steps"])
+    costs = cost_ratios(timing)
+    table = breakeven_table(costs, k_max)
+    points = pd.read_parquet(out / "speed_points.parquet")
+    best = best_k_table(points, costs, k_max)
+    save_table(costs, out / "cost_ratios.parquet")
+    save_table(table, out / "breakeven.parquet")
+    save_table(best, out / "best_k.parquet")
+    save_figure(step_time_figure(timing), figs / "step_time_vs_pass_length.png")
+    for pair in sorted(set(costs.pair) & set(points.pair)):
+        save_figure(map_figure(costs, points, pair, steps, k_max), figs / f"speedup_map_{pair}.png")
+    print(best.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Correctness summaries: greedy divergences (gap in ulps, near-tie or bug) and distribution tests.
+
+    python -m analysis.correctness   (reads outputs/divergence and outputs/distribution)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.common import load_params, read_stage, save_table
+
+DIVERGENCE_COLUMNS = ["pair", "prompt_id", "kind", "k", "round", "position", "plain_text", "spec_text",
+                      "gap_single_step", "gap_verify_pass", "gap_full_prefill", "top_logit", "ulp", "gap_ulps",
+                      "classification"]
+
+
+def divergence_summary(div: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Counts per pair and k, and the table of divergences."""
+    counts = div.groupby(["pair", "k"]).agg(
+        runs=("identical", "size"), identical=("identical", "sum"),
+        near_ties=("classification", lambda s: int((s == "near_tie").sum())),
+        bugs=("classification", lambda s: int((s == "bug").sum()))).reset_index()
+    table = div[~div.identical.astype(bool)][DIVERGENCE_COLUMNS].sort_values(["pair", "prompt_id", "k"])
+    return counts, table.reset_index(drop=True)
+
+
+def distribution_summary(dist: pd.DataFrame, level: float = 0.01) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rejection rate per rule among contexts with power, and the per-test table."""
+    table = dist[["pair", "prompt_id", "kind", "seed", "rule", "temperature", "top_p", "pvalue",
+                  "total_variation", "expected_acceptance", "no_power"]].copy()
+    table["verdict"] = [("no power" if npow else ("rejected" if p < level else "passed"))
+                        for p, npow in zip(table.pvalue, table.no_power)]
+    powered = table[~table.no_power]
+    rates = powered.groupby(["pair", "temperature", "top_p", "rule"]).agg(
+        tests=("pvalue", "size"), rejected=("pvalue", lambda p: int((p < level).sum())),
+        min_pvalue=("pvalue", "min")).reset_index()
+    rates["rejection_rate"] = rates.rejected / rates.tests
+    no_power = table[table.no_power].groupby(["pair", "rule"]).size().rename("no_power_tests").reset_index()
+    rates = rates.merge(no_power, on=["pair", "rule"], how="left").fillna({"no_power_tests": 0})
+    return rates, table
+
+
+def main() -> None:
+    params = load_params()
+    out = Path(params["analysis_dir"])
+    div = read_stage(params["outputs_dir"], "divergence")
+    dist = read_stage(params["outputs_dir"], "distribution")
+    if not div.empty:
+        counts, table = divergence_summary(div)
+        save_table(counts, out / "divergence_counts.parquet")
+        save_table(table, out / "divergences.parquet")
+        print(counts.to_string(index=False))
+    if not dist.empty:
+        rates, table = distribution_summary(dist)
+        save_table(rates, out / "distribution_rates.parquet")
+        save_table(table, out / "distribution_tests.parquet")
+        print(rates.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

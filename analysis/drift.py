@@ -1,0 +1,101 @@
+"""Drift: did the machine change speed during a speed job? Compare step times taken before and after.
+
+    python -m analysis.drift      (reads outputs/speed, writes outputs/analysis/drift.parquet and a figure)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib import pyplot as plt
+
+from analysis.common import load_params, read_stage, save_figure, save_table
+
+JOB_KEYS = ["pair", "config_hash"]
+
+
+def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
+    """One row per speed job: before/after step times, the larger of their ratios, and the flag."""
+    if max_ratio <= 1:
+        raise ValueError(f"drift.max_ratio={max_ratio} is not allowed: use a factor > 1 (e.g. 1.25)")
+    cols = ["target_step_before_s", "target_step_after_s", "draft_step_before_s", "draft_step_after_s"]
+    jobs = speed.groupby(JOB_KEYS, sort=True).agg(
+        **{c: (c, "first") for c in cols},
+        rounds=("round", "first"), kinds=("kind", lambda s: ",".join(sorted(set(s)))), runs=("arm", "size"),
+    ).reset_index()
+
+    def worst(a: pd.Series, b: pd.Series) -> pd.Series:
+        return np.maximum(a / b, b / a)
+
+    jobs["target_ratio"] = worst(jobs.target_step_after_s, jobs.target_step_before_s)
+    jobs["draft_ratio"] = worst(jobs.draft_step_after_s, jobs.draft_step_before_s)
+    jobs["drift_ratio"] = np.maximum(jobs.target_ratio, jobs.draft_ratio)
+    jobs["flagged"] = jobs.drift_ratio > max_ratio
+    return jobs
+
+
+def drop_drifted(speed: pd.DataFrame, drift: pd.DataFrame) -> pd.DataFrame:
+    flagged = set(drift.loc[drift.flagged, "config_hash"])
+    return speed[~speed.config_hash.isin(flagged)]
+
+
+def tag_mlflow(drift: pd.DataFrame, uri: str) -> int:
+    """Tag each speed run in MLflow with its drift verdict; returns the number tagged (0 when unreachable)."""
+    try:
+        import mlflow
+
+        client = mlflow.MlflowClient(uri)
+        exp = client.get_experiment_by_name("speclab")
+        if exp is None:
+            return 0
+        n = 0
+        for row in drift.itertuples():
+            runs = client.search_runs([exp.experiment_id],
+                                      f"tags.stage = 'speed' and tags.config_hash = '{row.config_hash}'")
+            for run in runs:
+                client.set_tag(run.info.run_id, "drift_flagged", str(bool(row.flagged)).lower())
+                client.set_tag(run.info.run_id, "drift_ratio", f"{row.drift_ratio:.3f}")
+                n += 1
+        return n
+    except Exception as err:  # noqa: BLE001 - tagging is a convenience; the table is the record
+        print(f"analysis.drift: MLflow tags not written ({type(err).__name__}: {err})", file=sys.stderr)
+        return 0
+
+
+def drift_figure(drift: pd.DataFrame, max_ratio: float):
+    long = pd.concat([
+        pd.DataFrame({"model": m, "before_ms": 1e3 * drift[f"{m}_step_before_s"],
+                      "after_ms": 1e3 * drift[f"{m}_step_after_s"], "flagged": drift.flagged})
+        for m in ("target", "draft")])
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    sns.scatterplot(data=long, x="before_ms", y="after_ms", hue="model", style="flagged", ax=ax, s=50)
+    hi = float(np.nanmax(long[["before_ms", "after_ms"]].to_numpy())) * 1.1 if len(long) else 1.0
+    xs = np.linspace(0, hi, 50)
+    ax.plot(xs, xs, color="grey", lw=1)
+    ax.fill_between(xs, xs / max_ratio, xs * max_ratio, color="grey", alpha=0.12, label=f"within x{max_ratio}")
+    ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="step time before the runs (ms)", ylabel="step time after (ms)",
+           title="Drift: step times before vs after each speed job")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def main() -> None:
+    params = load_params()
+    out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
+    speed = read_stage(params["outputs_dir"], "speed")
+    if speed.empty:
+        raise SystemExit("analysis.drift: no speed results under outputs/speed; run `python -m pipeline.run +sweep=speed`")
+    cfg = params["drift"]
+    drift = drift_table(speed, float(cfg["max_ratio"]))
+    save_table(drift, out / "drift.parquet")
+    save_figure(drift_figure(drift, float(cfg["max_ratio"])), figs / "drift.png")
+    tagged = tag_mlflow(drift, cfg["tracking_uri"]) if cfg.get("tag_mlflow") else 0
+    print(f"analysis.drift: {int(drift.flagged.sum())} of {len(drift)} speed jobs drifted by more than "
+          f"x{cfg['max_ratio']}; {tagged} MLflow runs tagged")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Prediction vs measurement: tokens per target pass and speed-up, from the i.i.d. geometric model
+and from a better predictor (empirical acceptance plus a per-iteration overhead).
+
+    python -m analysis.fit        (reads outputs/acceptance and outputs/speed, and the drift table)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib import pyplot as plt
+
+from analysis.common import bootstrap_ci, load_params, read_stage, save_figure, save_table
+from analysis.drift import drift_table, drop_drifted
+from speclab.cost_model import expected_tokens_per_iteration
+
+ALL = "all"
+
+
+def checked(df: pd.DataFrame) -> pd.Series:
+    """Proposals the target judged per iteration: the accepted ones and the first rejection."""
+    return df.accepted + (df.accepted < df.proposed)
+
+
+def alpha_hat(df: pd.DataFrame) -> float:
+    n = checked(df).sum()
+    return float(df.accepted.sum() / n) if n else float("nan")
+
+
+def with_pooled_kind(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([df, df.assign(kind=ALL)], ignore_index=True)
+
+
+def acceptance_table(acc: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Per pair, kind (and pooled) and k: alpha-hat, tokens per pass measured vs formula vs per-prompt mixture."""
+    rows = []
+    for (pair, kind, k), g in with_pooled_kind(acc).groupby(["pair", "kind", "k"], sort=True):
+        a = alpha_hat(g)
+        prompt_alphas = g.groupby("prompt_id").apply(alpha_hat, include_groups=False).dropna()
+        lo, hi = bootstrap_ci(g.new_tokens.to_numpy(), np.mean, **boot)
+        rows.append({"pair": pair, "kind": kind, "k": int(k), "iterations": len(g), "alpha": a,
+                     "proposal_efficiency": g.accepted.sum() / g.proposed.sum(),
+                     "tokens_per_pass": g.new_tokens.mean(), "tokens_per_pass_lo": lo, "tokens_per_pass_hi": hi,
+                     "formula_iid": float(expected_tokens_per_iteration(a, k)),
+                     "formula_prompt_mixture": float(np.mean(expected_tokens_per_iteration(prompt_alphas.to_numpy(), k)))})
+    return pd.DataFrame(rows)
+
+
+def _alpha_lookup(alpha_tab: pd.DataFrame, pair: str, kind: str, k: int) -> tuple[float, float, str]:
+    """(alpha, empirical tokens per pass, source) for a point; pooled over k when k was not measured."""
+    sub = alpha_tab[(alpha_tab.pair == pair) & (alpha_tab.kind == kind)]
+    exact = sub[sub.k == k]
+    if len(exact):
+        r = exact.iloc[0]
+        return r.alpha, r.tokens_per_pass, f"acceptance k={k}"
+    if len(sub):
+        # alpha is a property of text and pair, not of k: pool the measured k, weighting by checks.
+        a = float(np.average(sub.alpha, weights=sub.iterations))
+        mix = float(expected_tokens_per_iteration(a, k))
+        return a, mix, "acceptance pooled over k"
+    return float("nan"), float("nan"), "none"
+
+
+def speed_points(speed: pd.DataFrame, alpha_tab: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Per pair, kind and k: measured adjacent-run speed-up (median, CI) and both predictors."""
+    spec = with_pooled_kind(speed[speed.arm == "speculative"])
+    rows = []
+    for (pair, kind, k), g in spec.groupby(["pair", "kind", "k"], sort=True):
+        target = (g.target_step_before_s + g.target_step_after_s) / 2
+        c_draft = float(((g.draft_step_before_s + g.draft_step_after_s) / 2 / target).mean())
+        c_verify = float(((g.verify_before_s + g.verify_after_s) / 2 / target).mean())
+        overhead = float(((g.rollback_s_per_iter + g.bookkeeping_s_per_iter) / target).mean())
+        a, e_emp, source = _alpha_lookup(alpha_tab, pair, kind, int(k))
+        cost = k * c_draft + c_verify
+        lo, hi = bootstrap_ci(g.ratio_to_adjacent_plain.to_numpy(), np.median, **boot)
+        rows.append({"pair": pair, "kind": kind, "k": int(k), "runs": len(g),
+                     "measured": g.ratio_to_adjacent_plain.median(), "measured_lo": lo, "measured_hi": hi,
+                     "alpha": a, "alpha_source": source, "alpha_in_speed_runs": g.acceptance_rate.mean(),
+                     "c_draft": c_draft, "c_verify": c_verify, "overhead": overhead,
+                     "predicted_iid": float(expected_tokens_per_iteration(a, k)) / cost if a == a else np.nan,
+                     "predicted_empirical": e_emp / (cost + overhead)})
+    return pd.DataFrame(rows)
+
+
+def predictor_errors(points: pd.DataFrame) -> pd.DataFrame:
+    """Mean absolute error of each predictor against the measured speed-up, per pair and kind."""
+    rows = []
+    for (pair, kind), g in points.groupby(["pair", "kind"], sort=True):
+        rows.append({"pair": pair, "kind": kind, "points": len(g),
+                     "mae_iid": (g.predicted_iid - g.measured).abs().mean(),
+                     "mae_empirical_overhead": (g.predicted_empirical - g.measured).abs().mean()})
+    return pd.DataFrame(rows)
+
+
+def alpha_figure(tab: pd.DataFrame):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=tab, x="k", y="alpha", hue="kind", style="pair", marker="o", ax=ax, errorbar=None)
+    ax.set(ylim=(0, 1), title="Acceptance rate per kind vs k (accepted / checked proposals)", ylabel="alpha-hat")
+    return fig
+
+
+def tokens_figure(tab: pd.DataFrame):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    t = tab[tab.kind != ALL]
+    sns.lineplot(data=t, x="k", y="tokens_per_pass", hue="kind", marker="o", ax=ax, errorbar=None)
+    sns.lineplot(data=t, x="k", y="formula_iid", hue="kind", ax=ax, errorbar=None, linestyle="--", legend=False)
+    ax.set(title="Tokens per target pass: measured (solid) vs (1-a^(k+1))/(1-a) (dashed)",
+           ylabel="tokens per target pass")
+    return fig
+
+
+def speedup_figure(points: pd.DataFrame):
+    kinds = sorted(points.kind.unique())
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4 * len(kinds), 3.8), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        g = points[points.kind == kind].sort_values("k")
+        ax.errorbar(g.k, g.measured, yerr=[g.measured - g.measured_lo, g.measured_hi - g.measured],
+                    fmt="o-", label="measured (median, 95% CI)", capsize=3)
+        ax.plot(g.k, g.predicted_iid, "s--", label="i.i.d. geometric")
+        ax.plot(g.k, g.predicted_empirical, "^:", label="empirical + overhead")
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.set(title=kind, xlabel="k")
+    axes[0][0].set_ylabel("speed-up over adjacent plain run")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Predicted vs measured speed-up")
+    return fig
+
+
+def main() -> None:
+    params = load_params()
+    out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
+    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
+            "level": float(params["bootstrap"]["level"])}
+    acc = read_stage(params["outputs_dir"], "acceptance")
+    acc = acc[~acc.do_sample] if "do_sample" in acc else acc  # greedy acceptance only here
+    speed = read_stage(params["outputs_dir"], "speed")
+    if acc.empty or speed.empty:
+        raise SystemExit("analysis.fit: needs outputs/acceptance and outputs/speed; run `python -m pipeline.run +sweep=all`")
+    speed = speed[~speed.do_sample]
+    drift = drift_table(speed, float(params["drift"]["max_ratio"]))
+    if params["drift"]["exclude"]:
+        speed = drop_drifted(speed, drift)
+    tab = acceptance_table(acc, boot)
+    points = speed_points(speed, tab, boot)
+    errors = predictor_errors(points)
+    save_table(tab, out / "acceptance_table.parquet")
+    save_table(points, out / "speed_points.parquet")
+    save_table(errors, out / "predictor_errors.parquet")
+    save_figure(alpha_figure(tab), figs / "alpha_by_k.png")
+    save_figure(tokens_figure(tab), figs / "tokens_per_pass.png")
+    save_figure(speedup_figure(points), figs / "speedup_predicted_vs_measured.png")
+    print(errors.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
