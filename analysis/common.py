@@ -32,7 +32,23 @@ def read_stage(outputs_dir: str | Path, stage: str) -> pd.DataFrame:
     files = sorted(p for p in (Path(outputs_dir) / stage).glob("*.parquet") if not p.name.startswith("."))
     if not files:
         return pd.DataFrame()
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return with_defaults(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
+
+
+# Columns added to a stage's schema after results were already stored, with the value they had then.
+LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt"}
+
+
+def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill columns that older result files lack, so old and new runs pool correctly."""
+    for col, value in LATER_COLUMNS.items():
+        if col not in df:
+            df[col] = value
+        else:
+            df[col] = df[col].fillna(value)
+    if "drafter" in df and "arm" in df:
+        df.loc[df.arm == "plain", ["drafter", "k_policy"]] = "none"
+    return df
 
 
 def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: int = 0,

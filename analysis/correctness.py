@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import load_params, read_stage, save_table
+from analysis.common import load_params, read_stage, save_figure, save_table
 
 DIVERGENCE_COLUMNS = ["pair", "prompt_id", "kind", "k", "round", "position", "plain_text", "spec_text",
                       "gap_single_step", "gap_verify_pass", "gap_full_prefill", "top_logit", "ulp", "gap_ulps",
@@ -27,18 +27,39 @@ def divergence_summary(div: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def distribution_summary(dist: pd.DataFrame, level: float = 0.01) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rejection rate per rule among contexts with power, and the per-test table."""
-    table = dist[["pair", "prompt_id", "kind", "seed", "rule", "temperature", "top_p", "pvalue",
-                  "total_variation", "expected_acceptance", "no_power"]].copy()
+    if "power" not in dist:
+        dist = dist.assign(power=float("nan"))
+    table = dist[["pair", "prompt_id", "kind", "context_mode", "seed", "rule", "temperature", "top_p", "draws",
+                  "pvalue", "power", "total_variation", "expected_acceptance", "no_power"]].copy()
     table["verdict"] = [("no power" if npow else ("rejected" if p < level else "passed"))
                         for p, npow in zip(table.pvalue, table.no_power)]
     powered = table[~table.no_power]
-    rates = powered.groupby(["pair", "temperature", "top_p", "rule"]).agg(
+    rates = powered.groupby(["pair", "context_mode", "temperature", "top_p", "rule"]).agg(
         tests=("pvalue", "size"), rejected=("pvalue", lambda p: int((p < level).sum())),
-        min_pvalue=("pvalue", "min")).reset_index()
+        min_pvalue=("pvalue", "min"), mean_power=("power", "mean"), draws=("draws", "median")).reset_index()
     rates["rejection_rate"] = rates.rejected / rates.tests
     no_power = table[table.no_power].groupby(["pair", "rule"]).size().rename("no_power_tests").reset_index()
     rates = rates.merge(no_power, on=["pair", "rule"], how="left").fillna({"no_power_tests": 0})
     return rates, table
+
+
+def rates_figure(rates: pd.DataFrame):
+    import seaborn as sns
+    from matplotlib import pyplot as plt
+
+    r = rates.assign(setting=rates.context_mode + ", T=" + rates.temperature.map("{:g}".format))
+    order, hues = sorted(r.rule.unique()), sorted(r.setting.unique())
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    sns.barplot(data=r, x="rule", y="rejection_rate", hue="setting", order=order, hue_order=hues, ax=axes[0],
+                errorbar=None)
+    sns.barplot(data=r, x="rule", y="mean_power", hue="setting", order=order, hue_order=hues, ax=axes[1],
+                errorbar=None, legend=False)
+    axes[0].set(ylim=(0, 1.05), ylabel="share", title="rejected at p < 0.01")
+    axes[1].set(title="power against the wrong rules (simulated)")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=20, labelsize=7)
+    fig.suptitle("Distribution tests per rule (contexts with power only)")
+    return fig
 
 
 def main() -> None:
@@ -55,6 +76,7 @@ def main() -> None:
         rates, table = distribution_summary(dist)
         save_table(rates, out / "distribution_rates.parquet")
         save_table(table, out / "distribution_tests.parquet")
+        save_figure(rates_figure(rates), Path(params["figures_dir"]) / "distribution_rejections.png")
         print(rates.to_string(index=False))
 
 

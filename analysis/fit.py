@@ -86,6 +86,8 @@ def speed_points(speed: pd.DataFrame, alpha_tab: pd.DataFrame, boot: dict) -> pd
 
 def predictor_errors(points: pd.DataFrame) -> pd.DataFrame:
     """Mean absolute error of each predictor against the measured speed-up, per pair and kind."""
+    if points.empty:
+        return pd.DataFrame(columns=["pair", "kind", "points", "mae_iid", "mae_empirical_overhead"])
     rows = []
     for (pair, kind), g in points.groupby(["pair", "kind"], sort=True):
         rows.append({"pair": pair, "kind": kind, "points": len(g),
@@ -134,14 +136,18 @@ def main() -> None:
     boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
             "level": float(params["bootstrap"]["level"])}
     acc = read_stage(params["outputs_dir"], "acceptance")
-    acc = acc[~acc.do_sample] if "do_sample" in acc else acc  # greedy acceptance only here
     speed = read_stage(params["outputs_dir"], "speed")
     if acc.empty or speed.empty:
         raise SystemExit("analysis.fit: needs outputs/acceptance and outputs/speed; run `python -m pipeline.run +sweep=all`")
-    speed = speed[~speed.do_sample]
+    # The cost model is about a draft model at a fixed k, greedy; other strategies: analysis.strategies.
+    acc = acc[~acc.do_sample & (acc.drafter == "model") & (acc.k_policy == "fixed")]
+    speed = speed[~speed.do_sample & speed.drafter.isin(["model", "none"]) & speed.k_policy.isin(["fixed", "none"])]
     drift = drift_table(speed, float(params["drift"]["max_ratio"]))
     if params["drift"]["exclude"]:
         speed = drop_drifted(speed, drift)
+        if speed.empty:
+            raise SystemExit(f"analysis.fit: every speed job drifted by more than x{params['drift']['max_ratio']}; "
+                             "rerun the speed sweep on a quieter machine, or set drift.exclude: false in params.yaml")
     tab = acceptance_table(acc, boot)
     points = speed_points(speed, tab, boot)
     errors = predictor_errors(points)

@@ -18,6 +18,17 @@ class StageContext:
     prompts: list[Prompt]
     inputs: dict[str, torch.Tensor]  # prompt id -> token ids on the pair's device
     config_hash: str
+    _costs: tuple[float, dict[int, float]] | None = None
+
+    def costs(self) -> tuple[float, dict[int, float]] | None:
+        """Cost ratios for the cost-model k policy, measured once per job and only when it is used."""
+        if self.cfg.k_policy.name != "cost_model" and "cost_model" not in (self.cfg.stage.get("k_policies") or []):
+            return None
+        if self._costs is None:
+            from pipeline.strategies import measured_costs
+
+            self._costs = measured_costs(self, int(self.cfg.k_policy.get("k_max", 10)))
+        return self._costs
 
 
 def build_context(cfg: DictConfig) -> StageContext:

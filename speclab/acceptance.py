@@ -114,3 +114,18 @@ def first_token_draws(p: torch.Tensor, q: torch.Tensor, n: int, rule: str,
     if n_rej:
         x[rejected] = torch.multinomial(fallback, n_rej, replacement=True, generator=generator)
     return x
+
+
+def rule_output_distribution(p: torch.Tensor, q: torch.Tensor, rule: str) -> torch.Tensor:
+    """Exact distribution of the first emitted token under each rule with k = 1 (rows p, q: [V]).
+
+    correct: p. keep_draft: q. resample_target: the draft's token survives with min(p, q), and
+    a rejection (probability 1 - sum min(p, q)) draws from p.
+    """
+    sampling_rule(rule)
+    if rule == "correct":
+        return p
+    if rule == "keep_draft":
+        return q
+    overlap = torch.minimum(p, q)
+    return overlap + (1 - overlap.sum()) * p

@@ -62,3 +62,41 @@ class ModelDrafter:
         keep = min(self.seen, valid_length)
         crop_to(self.cache, keep)
         self.seen = keep
+
+
+class PromptLookupDrafter:
+    """Proposes the tokens that followed the most recent earlier occurrence of the current n-gram.
+
+    The n-gram is the last n tokens of the text so far (prompt and generated), longest n first
+    (``max_ngram`` down to ``min_ngram``). No match: no proposal, and the iteration is a plain step.
+    No model and no cache: proposals are deterministic (their distribution is a point mass).
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"n-gram sizes min={min_ngram}, max={max_ngram} are not allowed: need 1 <= min <= max")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def start(self, ids: torch.Tensor, n_ctx: int) -> None:
+        pass
+
+    def propose(self, ids: torch.Tensor, length: int, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return lookup_continuation(ids[0, :length], k, self.max_ngram, self.min_ngram), None
+
+    def rollback(self, valid_length: int) -> None:
+        pass
+
+
+def lookup_continuation(seq: torch.Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1) -> torch.Tensor:
+    """Up to k tokens that followed the latest earlier match of seq's final n-gram (empty when none)."""
+    length = seq.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        pattern = seq[length - n:]
+        # Windows starting at 0 .. length-n-1: every occurrence that ends before the final n-gram itself.
+        windows = seq[: length - 1].unfold(0, n, 1)
+        hits = torch.nonzero((windows == pattern).all(dim=1)).flatten()
+        if hits.numel():
+            start = int(hits[-1]) + n  # the most recent occurrence
+            return seq[start: min(start + k, length)]
+    return seq.new_empty(0)

@@ -9,6 +9,7 @@ import torch
 from speclab.acceptance import AcceptRule, accept_greedy, accept_sample
 from speclab.cache import crop_to, forward_logits, new_cache
 from speclab.drafters import Drafter, ModelDrafter
+from speclab.k_policy import FixedK, KPolicy
 from speclab.sampling import GREEDY, SamplingConfig, choose_token, logits_to_probs
 from speclab.timing import Stopwatch, synchronize
 
@@ -140,18 +141,19 @@ def plain_greedy(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens
 
 @torch.inference_mode()
 def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Module, input_ids: torch.Tensor,
-                         max_new_tokens: int, k: int = 4, sampling: SamplingConfig = GREEDY,
+                         max_new_tokens: int, k: int | KPolicy = 4, sampling: SamplingConfig = GREEDY,
                          eos_token_id: int | list[int] | None = None,
                          generator: torch.Generator | None = None,
                          rule: AcceptRule = accept_sample) -> GenerationResult:
     """Draft up to k tokens, verify them in one target pass, keep the accepted prefix, roll both caches back.
 
-    ``drafter`` is a Drafter or a plain draft model (wrapped in a ModelDrafter). ``rule`` is the
-    sampling acceptance rule (the wrong ones exist for tests); greedy always uses ``accept_greedy``.
+    ``drafter`` is a Drafter or a plain draft model (wrapped in a ModelDrafter); ``k`` is a fixed
+    number of proposals or a KPolicy that picks it per iteration. ``rule`` is the sampling
+    acceptance rule (the wrong ones exist for tests); greedy always uses ``accept_greedy``.
     """
     _check_prompt(input_ids)
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k={k} is not allowed: the number of proposals must be an integer >= 1")
+    policy = FixedK(k) if isinstance(k, int) else k
+    policy.start()
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
     if isinstance(drafter, torch.nn.Module):
@@ -159,7 +161,7 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Mo
     device = input_ids.device
     eos = _eos_set(eos_token_id)
     n_prompt = input_ids.shape[1]
-    ids = _buffer(input_ids, max_new_tokens + k + 1)
+    ids = _buffer(input_ids, max_new_tokens + 1)
     length = n_prompt
     tcache = new_cache(target)
 
@@ -176,7 +178,7 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Mo
     while length - n_prompt < max_new_tokens:
         t_iter = time.perf_counter()
         # Never propose past the token budget: the target's own token is always one more.
-        k_eff = min(k, max_new_tokens - (length - n_prompt) - 1)
+        k_eff = min(policy.k, max_new_tokens - (length - n_prompt) - 1)
         d_sw, v_sw, r_sw = Stopwatch(device), Stopwatch(device), Stopwatch(device)
         with d_sw:
             proposals, q = drafter.propose(ids, length, k_eff, sampling, generator) if k_eff else (ids.new_empty(0), None)
@@ -198,6 +200,7 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Mo
             # The target keeps the accepted proposals, not its own token (not yet run through it).
             crop_to(tcache, new_len - 1)
             drafter.rollback(new_len - 1)
+        policy.update(k_used, n_acc)
         new = ids[0, length:new_len].tolist()
         cut = _first_eos(new, eos)
         if cut is not None:

@@ -22,7 +22,8 @@ def hf_generate(target: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens
     gc.update(do_sample=sampling.do_sample, max_new_tokens=max_new_tokens, min_new_tokens=None,
               eos_token_id=eos_token_id)
     if sampling.do_sample:
-        gc.update(temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+        # top_k=0 and top_p=1.0 switch those filters off (a model's generation config may set others).
+        gc.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     kwargs = {}
     if assistant is not None:
         gc.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)

@@ -60,3 +60,18 @@ def chi_square_top(counts: np.ndarray, probs: np.ndarray, n_top: int = 60,
     c = np.append(counts[top], counts[mask].sum())
     p = np.append(probs[top], probs[mask].sum())
     return chi_square(c, p, min_expected)
+
+
+def chi_square_power(true_probs: np.ndarray, null_probs: np.ndarray, n: int, level: float = 0.01,
+                     sims: int = 200, n_top: int = 60, seed: int = 0) -> float:
+    """Share of simulated samples of size n from ``true_probs`` that chi_square_top rejects against ``null_probs``.
+
+    The power of the test to notice that a rule samples ``true_probs`` instead of the target's
+    ``null_probs``; close to ``level`` when the two are nearly equal (the test cannot tell).
+    """
+    rng = np.random.default_rng(seed)
+    true_probs = np.asarray(true_probs, dtype=float)
+    true_probs = true_probs / true_probs.sum()
+    rejected = sum(chi_square_top(rng.multinomial(n, true_probs), null_probs, n_top).pvalue < level
+                   for _ in range(sims))
+    return rejected / sims

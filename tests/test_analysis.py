@@ -119,7 +119,8 @@ def test_distribution_summary_keeps_no_power_contexts_out_of_rates():
     rows = []
     for ctx, no_power in (("a", False), ("b", True)):
         for rule, p in (("correct", 0.4), ("keep_draft", 1e-9)):
-            rows.append({"pair": "p", "prompt_id": ctx, "kind": "prose", "seed": 0, "rule": rule, "temperature": 1.0,
+            rows.append({"pair": "p", "prompt_id": ctx, "kind": "prose", "context_mode": "prompt", "draws": 1000,
+                         "seed": 0, "rule": rule, "temperature": 1.0,
                          "top_p": 1.0, "pvalue": p if not no_power else 0.6, "total_variation": 0.3,
                          "expected_acceptance": 0.7, "no_power": no_power})
     rates, table = distribution_summary(pd.DataFrame(rows))

@@ -8,12 +8,14 @@ from tqdm import tqdm
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import StageOutput
+from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, sampling_config, stage_ks
 from speclab.cost_model import expected_tokens_per_iteration
 from speclab.loop import speculative_generate
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
-    ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("do_sample", "bool"),
+    ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
+    ("do_sample", "bool"),
     ("temperature", "float64"), ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"),
     ("bonus", "bool"), ("new_tokens", "int32"),
 ])
@@ -49,13 +51,16 @@ def run(ctx: StageContext) -> StageOutput:
     cfg, pair = ctx.cfg, ctx.pair
     ks, sampling = stage_ks(cfg, "acceptance_ks"), sampling_config(cfg)
     gen = generator(ctx)
+    drafter, policy_name = make_drafter(ctx), str(cfg.k_policy.name)
     rows = []
     for k in ks:
         for prompt in tqdm(ctx.prompts, desc=f"acceptance k={k}", leave=False):
-            res = speculative_generate(pair.target, pair.draft, ctx.inputs[prompt.id], int(cfg.max_new_tokens), k=k,
-                                       sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
+            res = speculative_generate(pair.target, drafter, ctx.inputs[prompt.id], int(cfg.max_new_tokens),
+                                       k=make_policy(ctx, policy_name, k, ctx.costs()), sampling=sampling,
+                                       eos_token_id=pair.eos_token_id, generator=gen)
             for i, it in enumerate(res.iterations):
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
+                             "drafter": str(cfg.drafter.name), "k_policy": policy_name,
                              "do_sample": sampling.do_sample, "temperature": sampling.temperature, "iteration": i,
                              "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
                              "new_tokens": it.new_tokens})

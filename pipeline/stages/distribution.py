@@ -2,9 +2,14 @@
 
 At each context take the target's real distribution p and the draft's q, draw N first tokens
 through each rule, and test the counts of the 60 most likely tokens plus a pooled remainder
-against p. Contexts where p and q nearly agree give the test no power and are flagged.
+against p. Contexts are the prompts' ends, or the positions along generated text where target
+and draft disagree most (``stage.contexts=max_tv``), where the test has power. The power of
+the test against the wrong rules is estimated by simulation from the exact p and q. Optionally
+transformers' own assisted sampling is tested the same way (``stage.hf_conformance=true``).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -15,59 +20,106 @@ from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, sampling_config
-from speclab.acceptance import SAMPLING_RULES, first_token_draws
-from speclab.cache import forward_logits, new_cache
-from speclab.sampling import logits_to_probs
-from speclab.stats import chi_square_top
+from speclab.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution
+from speclab.contexts import Context, max_tv_contexts, prompt_context
+from speclab.peer import hf_generate
+from speclab.sampling import SamplingConfig
+from speclab.stats import chi_square_power, chi_square_top
 
+WRONG_RULES = ("resample_target", "keep_draft")
+HF_RULE = "transformers_assisted"
+CONTEXT_MODES = ("prompt", "max_tv")
 SCHEMA = make_schema(IDENTITY_FIELDS + [
-    ("prompt_id", "string"), ("kind", "string"), ("seed", "int32"), ("rule", "string"), ("draws", "int64"),
-    ("temperature", "float64"), ("top_k", "int32"), ("top_p", "float64"), ("statistic", "float64"),
-    ("pvalue", "float64"), ("dof", "int32"), ("total_variation", "float64"), ("expected_acceptance", "float64"),
+    ("prompt_id", "string"), ("kind", "string"), ("context_mode", "string"), ("context_position", "int32"),
+    ("seed", "int32"), ("rule", "string"), ("draws", "int64"), ("temperature", "float64"), ("top_k", "int32"),
+    ("top_p", "float64"), ("statistic", "float64"), ("pvalue", "float64"), ("dof", "int32"),
+    ("total_variation", "float64"), ("expected_acceptance", "float64"), ("power", "float64"),
     ("no_power", "bool"), ("rejected", "bool"),
 ])
 
 
-@torch.inference_mode()
-def next_token_probs(model: torch.nn.Module, ids: torch.Tensor, sampling) -> torch.Tensor:
-    return logits_to_probs(forward_logits(model, ids, new_cache(model), 1)[-1], sampling).double()
+def contexts_for(ctx: StageContext, ids: torch.Tensor, sampling: SamplingConfig) -> list[Context]:
+    st, pair = ctx.cfg.stage, ctx.pair
+    mode = str(st.get("contexts", "prompt"))
+    if mode == "prompt":
+        return [prompt_context(pair.target, pair.draft, ids, sampling)]
+    if mode == "max_tv":
+        return max_tv_contexts(pair.target, pair.draft, ids, int(ctx.cfg.max_new_tokens),
+                               int(st.get("contexts_per_prompt", 2)), sampling)
+    raise ValueError(f"stage.contexts={mode!r} is not allowed: use one of {list(CONTEXT_MODES)}")
+
+
+def power_against_wrong_rules(c: Context, n: int, level: float, sims: int, top: int) -> dict[str, float]:
+    p = c.p.cpu().numpy()
+    return {rule: chi_square_power(rule_output_distribution(c.p, c.q, rule).cpu().numpy(), p, n, level, sims, top)
+            for rule in WRONG_RULES}
+
+
+def hf_first_tokens(ctx: StageContext, c: Context, runs: int, sampling: SamplingConfig, seed: int) -> np.ndarray:
+    """Counts of the first new token over ``runs`` calls of generate(assistant_model=..., do_sample=True)."""
+    counts = np.zeros(c.p.shape[0], dtype=np.int64)
+    torch.manual_seed(seed)  # transformers samples from torch's global generator
+    for _ in tqdm(range(runs), desc="transformers assisted sampling", leave=False):
+        # Two new tokens: the draft proposes one, so the first token passes through the acceptance rule.
+        toks, _ = hf_generate(ctx.pair.target, c.ids, 2, assistant=ctx.pair.draft, k=int(ctx.cfg.k),
+                              sampling=sampling, eos_token_id=None)
+        counts[toks[0]] += 1
+    return counts
 
 
 def run(ctx: StageContext) -> StageOutput:
-    cfg, st, pair = ctx.cfg, ctx.cfg.stage, ctx.pair
-    sampling = sampling_config(cfg)
-    n, alpha_level = int(st.draws), float(st.alpha_level)
+    cfg, st = ctx.cfg, ctx.cfg.stage
+    # This stage is about sampling whatever the sampling group says: temperature, top-k and top-p
+    # come from it, and greedy would make transformers' sampler (below) decode by arg-max.
+    sampling = dataclasses.replace(sampling_config(cfg), do_sample=True)
+    n, level, top = int(st.draws), float(st.alpha_level), int(st.top_tokens)
+    sims = int(st.get("power_sims", 200))
     rows = []
-    for prompt in tqdm(ctx.prompts, desc="distribution", leave=False):
-        ids = ctx.inputs[prompt.id]
-        p = next_token_probs(pair.target, ids, sampling)
-        q = next_token_probs(pair.draft, ids, sampling)
-        tv = 0.5 * float((p - q).abs().sum())
-        expected_acc = float(torch.minimum(p, q).sum())
+
+    def record(prompt, c: Context, seed: int, rule: str, counts: np.ndarray, power: float) -> None:
+        res = chi_square_top(counts, c.p.cpu().numpy(), top)
+        expected_acc = float(torch.minimum(c.p, c.q).sum())
         no_power = expected_acc > float(st.no_power_acceptance)
-        p_np = p.cpu().numpy()
-        for seed in st.seeds:
-            for rule in SAMPLING_RULES:
-                g = torch.Generator(device=p.device).manual_seed(int(seed))
-                draws = first_token_draws(p, q, n, rule, g)
-                counts = np.bincount(draws.cpu().numpy(), minlength=p.shape[0])
-                res = chi_square_top(counts, p_np, int(st.top_tokens))
-                rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "seed": int(seed),
-                             "rule": rule, "draws": n, "temperature": sampling.temperature,
-                             "top_k": sampling.top_k, "top_p": sampling.top_p, "statistic": res.statistic,
-                             "pvalue": res.pvalue, "dof": res.dof, "total_variation": tv,
-                             "expected_acceptance": expected_acc, "no_power": no_power,
-                             "rejected": res.pvalue < alpha_level})
+        rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind,
+                     "context_mode": str(st.get("contexts", "prompt")), "context_position": c.position,
+                     "seed": seed, "rule": rule, "draws": int(counts.sum()), "temperature": sampling.temperature,
+                     "top_k": sampling.top_k, "top_p": sampling.top_p, "statistic": res.statistic,
+                     "pvalue": res.pvalue, "dof": res.dof, "total_variation": c.total_variation,
+                     "expected_acceptance": expected_acc, "power": power, "no_power": no_power,
+                     "rejected": res.pvalue < level})
+
+    hf_done = 0
+    for prompt in tqdm(ctx.prompts, desc="distribution", leave=False):
+        for c in contexts_for(ctx, ctx.inputs[prompt.id], sampling):
+            power = power_against_wrong_rules(c, n, level, sims, top)
+            for seed in st.seeds:
+                for rule in SAMPLING_RULES:
+                    g = torch.Generator(device=c.p.device).manual_seed(int(seed))
+                    draws = first_token_draws(c.p, c.q, n, rule, g)
+                    counts = np.bincount(draws.cpu().numpy(), minlength=c.p.shape[0])
+                    # For a wrong rule: the chance to catch it; for the correct rule: the weaker of the two.
+                    record(prompt, c, int(seed), rule, counts, power.get(rule, min(power.values())))
+            if st.get("hf_conformance") and hf_done < int(st.get("hf_contexts", 1)):
+                runs = int(st.hf_runs)
+                hf_power = power_against_wrong_rules(c, runs, level, sims, top)
+                record(prompt, c, 0, HF_RULE, hf_first_tokens(ctx, c, runs, sampling, int(cfg.seed)),
+                       min(hf_power.values()))
+                hf_done += 1
     df = pd.DataFrame(rows)
     metrics, summary = {}, []
     powered = df[~df.no_power]
-    for rule in SAMPLING_RULES:
+    for rule in [*SAMPLING_RULES, HF_RULE]:
         sub = powered[powered.rule == rule]
-        metrics[f"rejection_rate.{rule}"] = sub.rejected.mean() if len(sub) else float("nan")
-        summary.append(f"  rule {rule:16s} rejected at p<{alpha_level} in {int(sub.rejected.sum())} of {len(sub)} "
-                       f"tests with power (min p-value {sub.pvalue.min() if len(sub) else float('nan'):.3g})")
-    metrics["no_power_contexts"] = int(df[df.rule == "correct"].drop_duplicates("prompt_id").no_power.sum())
-    summary.insert(0, f"{len(ctx.prompts)} contexts x {len(st.seeds)} seeds x {n} draws; "
+        if not len(sub):
+            continue
+        metrics[f"rejection_rate.{rule}"] = sub.rejected.mean()
+        metrics[f"mean_power.{rule}"] = sub.power.mean()
+        summary.append(f"  rule {rule:22s} rejected at p<{level} in {int(sub.rejected.sum())} of {len(sub)} tests "
+                       f"with power (min p-value {sub.pvalue.min():.3g}; mean power vs wrong rules {sub.power.mean():.2f})")
+    metrics["no_power_contexts"] = int(df[df.rule == "correct"].drop_duplicates(["prompt_id", "context_position"])
+                                       .no_power.sum())
+    summary.insert(0, f"{df[df.rule == 'correct'].drop_duplicates(['prompt_id', 'context_position']).shape[0]} "
+                      f"contexts ({st.get('contexts', 'prompt')}) x {len(st.seeds)} seeds x {n} draws; "
                       f"{metrics['no_power_contexts']} contexts have no power (expected acceptance > "
                       f"{st.no_power_acceptance}); TV(p, q) {df.total_variation.min():.2f}..{df.total_variation.max():.2f}")
     return StageOutput(df, metrics, summary)

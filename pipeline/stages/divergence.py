@@ -8,6 +8,7 @@ from tqdm import tqdm
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import StageOutput
+from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import IDENTITY_FIELDS, identity, stage_ks
 from speclab.divergence import classify, first_difference, recompute_logits
 from speclab.loop import plain_greedy, speculative_generate
@@ -54,7 +55,8 @@ def run(ctx: StageContext) -> StageOutput:
             ids = ctx.inputs[prompt.id]
             plain = plain_greedy(pair.target, ids, n_new, pair.eos_token_id).tokens
             for k in ks:
-                spec = speculative_generate(pair.target, pair.draft, ids, n_new, k=k,
+                spec = speculative_generate(pair.target, make_drafter(ctx), ids, n_new,
+                                            k=make_policy(ctx, str(cfg.k_policy.name), k, ctx.costs()),
                                             eos_token_id=pair.eos_token_id).tokens
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "round": int(cfg.round) + r, **analyse(ctx, ids, plain, spec, k)})

@@ -1,0 +1,106 @@
+"""How many tokens to draft next: fixed, the transformers heuristic, or the cost model's choice."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from speclab.cost_model import best_k
+
+
+class KPolicy(Protocol):
+    def start(self) -> None:
+        """A new generation begins."""
+
+    @property
+    def k(self) -> int:
+        """Proposals for the next iteration (>= 1)."""
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """Result of the iteration just verified."""
+
+
+class FixedK:
+    def __init__(self, k: int) -> None:
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k} is not allowed: the number of proposals must be an integer >= 1")
+        self._k = k
+
+    def start(self) -> None:
+        pass
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    def update(self, proposed: int, accepted: int) -> None:
+        pass
+
+
+class HeuristicK:
+    """transformers' assisted-generation schedule: +2 after an all-accepted iteration, -1 otherwise."""
+
+    def __init__(self, k_start: int = 4, k_min: int = 1, k_max: int = 10) -> None:
+        if not 1 <= k_min <= k_start <= k_max:
+            raise ValueError(f"k bounds start={k_start}, min={k_min}, max={k_max} are not allowed: need 1 <= min <= start <= max")
+        self.k_start, self.k_min, self.k_max = k_start, k_min, k_max
+        self._k = k_start
+
+    def start(self) -> None:
+        self._k = self.k_start
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        step = 2 if accepted == proposed else -1
+        self._k = max(self.k_min, min(self.k_max, self._k + step))
+
+
+class CostModelK:
+    """Chooses the k that maximises the predicted speed-up for a running estimate of alpha.
+
+    Estimator: exponentially weighted counts of accepted and checked proposals,
+    alpha = A / C with A <- decay*A + accepted and C <- decay*C + checked, started from a prior
+    worth ``prior_weight`` checks at ``alpha0``. A decay of 0.7 forgets an iteration's evidence
+    with a half-life of about two iterations, so the estimate follows the text (a stretch of
+    boilerplate vs free prose) rather than the whole request.
+    """
+
+    def __init__(self, c_draft: float, c_verify: float | dict[int, float] = 1.0, k_min: int = 1, k_max: int = 10,
+                 decay: float = 0.7, alpha0: float = 0.6, prior_weight: float = 2.0) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay={decay} is not allowed: use a value in [0, 1)")
+        if not 1 <= k_min <= k_max:
+            raise ValueError(f"k bounds min={k_min}, max={k_max} are not allowed: need 1 <= min <= max")
+        if c_draft < 0:
+            raise ValueError(f"c_draft={c_draft} is not allowed: a cost ratio is >= 0")
+        self.c_draft, self.c_verify, self.k_min, self.k_max = c_draft, c_verify, k_min, k_max
+        self.decay, self.alpha0, self.prior_weight = decay, alpha0, prior_weight
+        self.start()
+
+    def start(self) -> None:
+        self.acc, self.chk = self.alpha0 * self.prior_weight, self.prior_weight
+        self._choose()
+
+    @property
+    def alpha(self) -> float:
+        return self.acc / self.chk
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    def _choose(self) -> None:
+        # alpha = 1 exactly would make every k look equally unbounded; cap it just below.
+        a = min(self.alpha, 0.999)
+        self._k = max(self.k_min, best_k(a, self.c_draft, self.c_verify, self.k_max))
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        checked = accepted + (accepted < proposed)
+        self.acc = self.decay * self.acc + accepted
+        self.chk = self.decay * self.chk + checked
+        self._choose()

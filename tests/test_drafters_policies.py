@@ -1,0 +1,112 @@
+"""Prompt-lookup drafting and adaptive k: right proposals, exact output, k moving the right way."""
+import pytest
+import torch
+
+from speclab.drafters import ModelDrafter, PromptLookupDrafter, lookup_continuation
+from speclab.k_policy import CostModelK, FixedK, HeuristicK
+from speclab.loop import plain_greedy, speculative_generate
+from speclab.models import draft_variant
+from speclab.sampling import GREEDY
+
+PROMPTS = [[5], [3, 17, 9, 41, 2], [60, 1, 1, 1, 7, 22, 33, 12, 8]]
+
+
+def test_lookup_proposes_what_followed_the_latest_match():
+    seq = torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3])
+    # final 3-gram [1, 2, 3] occurred at 1 and 7; the latest (7) was followed by 8, 6, 1, 2
+    assert lookup_continuation(seq, 4).tolist() == [8, 6, 1, 2]
+    assert lookup_continuation(seq, 2).tolist() == [8, 6]
+
+
+def test_lookup_prefers_longest_ngram():
+    seq = torch.tensor([4, 2, 9, 0, 3, 2, 5, 4, 2])
+    # 2-gram [4, 2] matches at 0 (followed by 9); the 1-gram [2] would match later at 5 (followed by 5)
+    assert lookup_continuation(seq, 3, max_ngram=2).tolist() == [9, 0, 3]
+    assert lookup_continuation(seq, 3, max_ngram=1).tolist() == [5, 4, 2]
+
+
+def test_lookup_on_repeated_sequence_continues_the_cycle():
+    cycle = [11, 12, 13, 14, 15]
+    seq = torch.tensor(cycle * 3 + cycle[:2])
+    assert lookup_continuation(seq, 5).tolist() == cycle[2:] + cycle[:2]
+
+
+def test_lookup_without_repeat_proposes_nothing():
+    assert lookup_continuation(torch.arange(20), 4).numel() == 0
+    assert lookup_continuation(torch.tensor([3]), 4).numel() == 0
+    d = PromptLookupDrafter()
+    props, q = d.propose(torch.arange(10).view(1, -1), 10, 4, GREEDY, None)
+    assert props.numel() == 0 and q is None
+
+
+def test_lookup_bad_ngram_sizes():
+    with pytest.raises(ValueError, match="min=3, max=2"):
+        PromptLookupDrafter(max_ngram=2, min_ngram=3)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_with_prompt_lookup_equals_plain(tiny_pair, prompt, k):
+    target, _ = tiny_pair
+    ids = torch.tensor([prompt])
+    plain = plain_greedy(target, ids, 40).tokens
+    spec = speculative_generate(target, PromptLookupDrafter(), ids, 40, k=k)
+    assert spec.tokens == plain
+    # the tiny model falls into a cycle; lookup finds it and gets proposals accepted
+    assert spec.accepted > 0
+
+
+@pytest.mark.parametrize("policy", [lambda: HeuristicK(2), lambda: CostModelK(0.3, 1.0)])
+def test_adaptive_policies_keep_output_exact(tiny_pair, policy):
+    target, draft = tiny_pair
+    perfect = draft_variant(target, "copy", torch.device("cpu"))
+    for d in (draft, perfect):
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            assert speculative_generate(target, d, ids, 40, k=policy()).tokens == plain_greedy(target, ids, 40).tokens
+
+
+def _ks(target, draft, policy):
+    res = speculative_generate(target, ModelDrafter(draft), torch.tensor([PROMPTS[1]]), 60, k=policy)
+    return [it.k for it in res.iterations[:-1]]  # the last iteration is cut by the token budget
+
+
+@pytest.mark.parametrize("make", [lambda: HeuristicK(k_start=3, k_max=10), lambda: CostModelK(0.2, 1.0, k_max=10)])
+def test_adaptive_k_grows_on_perfect_draft_and_shrinks_on_useless(tiny_pair, make):
+    target, useless = tiny_pair
+    perfect = draft_variant(target, "copy", torch.device("cpu"))
+    up = _ks(target, perfect, make())
+    down = _ks(target, useless, make())
+    assert up[-1] == 10 and up[-1] > up[0]
+    assert down[-1] == 1 and max(down[-3:]) <= min(down[0], 3)
+
+
+def test_heuristic_schedule_steps():
+    p = HeuristicK(k_start=4, k_min=1, k_max=7)
+    p.update(4, 4)
+    assert p.k == 6
+    p.update(6, 6)
+    assert p.k == 7  # capped
+    p.update(7, 2)
+    assert p.k == 6
+    p.start()
+    assert p.k == 4
+
+
+def test_cost_model_policy_tracks_alpha():
+    p = CostModelK(0.3, 1.0, k_max=10)
+    for _ in range(10):
+        p.update(p.k, p.k)
+    assert p.alpha > 0.95 and p.k >= 6
+    for _ in range(10):
+        p.update(p.k, 0)
+    assert p.alpha < 0.3 and p.k == 1  # one all-accepted k=10 iteration weighs ten checks
+
+
+def test_policy_bad_values():
+    with pytest.raises(ValueError, match="k=0"):
+        FixedK(0)
+    with pytest.raises(ValueError, match="decay=1.5"):
+        CostModelK(0.3, 1.0, decay=1.5)
+    with pytest.raises(ValueError, match="start=0"):
+        HeuristicK(k_start=0)
