@@ -36,7 +36,7 @@ def read_stage(outputs_dir: str | Path, stage: str) -> pd.DataFrame:
 
 
 # Columns added to a stage's schema after results were already stored, with the value they had then.
-LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt"}
+LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0}
 
 
 def with_defaults(df: pd.DataFrame) -> pd.DataFrame:

@@ -38,8 +38,9 @@ def distribution_summary(dist: pd.DataFrame, level: float = 0.01) -> tuple[pd.Da
         tests=("pvalue", "size"), rejected=("pvalue", lambda p: int((p < level).sum())),
         min_pvalue=("pvalue", "min"), mean_power=("power", "mean"), draws=("draws", "median")).reset_index()
     rates["rejection_rate"] = rates.rejected / rates.tests
-    no_power = table[table.no_power].groupby(["pair", "rule"]).size().rename("no_power_tests").reset_index()
-    rates = rates.merge(no_power, on=["pair", "rule"], how="left").fillna({"no_power_tests": 0})
+    keys = ["pair", "context_mode", "temperature", "top_p", "rule"]
+    no_power = table[table.no_power].groupby(keys).size().rename("no_power_tests").reset_index()
+    rates = rates.merge(no_power, on=keys, how="left").fillna({"no_power_tests": 0})
     return rates, table
 
 

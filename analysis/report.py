@@ -43,7 +43,7 @@ def build_report(params: dict) -> str:
         s += ["Break-even acceptance rate per k (speculation loses below it):\n",
               markdown_table(be[["pair", "k", "c_draft", "c_verify", "break_even_alpha"]]), ""]
     for path in sorted(figs.glob("speedup_map_*.png")):
-        s.append(_fig(figs, report, path.name, f"speed-up map {path.stem[13:]}"))
+        s.append(_fig(figs, report, path.name, f"speed-up map {path.stem.removeprefix('speedup_map_')}"))
     s += ["## Acceptance\n", _fig(figs, report, "alpha_by_k.png", "alpha per kind vs k"),
           _fig(figs, report, "tokens_per_pass.png", "tokens per pass vs formula")]
     if not acc.empty:

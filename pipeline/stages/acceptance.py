@@ -16,7 +16,7 @@ from speclab.loop import speculative_generate
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
     ("do_sample", "bool"),
-    ("temperature", "float64"), ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"),
+    ("temperature", "float64"), ("top_k", "int32"), ("top_p", "float64"), ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"),
     ("bonus", "bool"), ("new_tokens", "int32"),
 ])
 
@@ -61,7 +61,8 @@ def run(ctx: StageContext) -> StageOutput:
             for i, it in enumerate(res.iterations):
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "drafter": str(cfg.drafter.name), "k_policy": policy_name,
-                             "do_sample": sampling.do_sample, "temperature": sampling.temperature, "iteration": i,
+                             "do_sample": sampling.do_sample, "temperature": sampling.temperature,
+                             "top_k": sampling.top_k, "top_p": sampling.top_p, "iteration": i,
                              "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
                              "new_tokens": it.new_tokens})
     df = pd.DataFrame(rows)

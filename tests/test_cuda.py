@@ -1,0 +1,30 @@
+"""The same exactness checks on a GPU (skipped where torch sees none, as on CI)."""
+import pytest
+import torch
+
+from speclab.loop import plain_greedy, speculative_generate
+from speclab.models import tiny_random_model
+from speclab.sampling import SamplingConfig
+from speclab.timing import memory_placement
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_exact_on_cuda(dtype):
+    dev = torch.device("cuda")
+    target = tiny_random_model(64, seed=0).to(dev, dtype)
+    draft = tiny_random_model(64, seed=1).to(dev, dtype)
+    ids = torch.tensor([[3, 17, 9, 41, 2]], device=dev)
+    for k in (1, 4):
+        assert speculative_generate(target, draft, ids, 30, k=k).tokens == plain_greedy(target, ids, 30).tokens
+    assert memory_placement([target, draft], dev).trusted
+
+
+def test_sampling_runs_on_cuda_with_device_generator():
+    dev = torch.device("cuda")
+    target, draft = tiny_random_model(8, seed=10, logit_scale=4.0).to(dev), tiny_random_model(8, seed=11).to(dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    out = speculative_generate(target, draft, torch.tensor([[3, 1, 4]], device=dev), 10, k=3,
+                               sampling=SamplingConfig(True, 0.7, top_p=0.9), generator=g)
+    assert len(out.tokens) == 10
