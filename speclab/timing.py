@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import os
 import resource
-import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -36,23 +34,6 @@ class Stopwatch:
     def __exit__(self, *exc: object) -> None:
         synchronize(self.device)
         self.seconds += time.perf_counter() - self._t0
-
-
-def time_call(fn: Callable[[], object], device: torch.device | str = "cpu") -> float:
-    """Seconds one call of ``fn`` takes, device synchronised on both sides."""
-    sw = Stopwatch(device)
-    with sw:
-        fn()
-    return sw.seconds
-
-
-def median_time(fn: Callable[[], object], repeats: int = 20, warmup: int = 3,
-                device: torch.device | str = "cpu") -> tuple[float, list[float]]:
-    """Median seconds of ``repeats`` timed calls after ``warmup`` untimed ones, and all samples."""
-    for _ in range(warmup):
-        fn()
-    samples = [time_call(fn, device) for _ in range(repeats)]
-    return statistics.median(samples), samples
 
 
 @dataclass(frozen=True)
