@@ -65,6 +65,12 @@ def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: 
     return float(lo), float(hi)
 
 
+def read_table(analysis_dir: str | Path, name: str) -> pd.DataFrame:
+    """An analysis table by name (empty when its stage has not produced it)."""
+    path = Path(analysis_dir) / f"{name}.parquet"
+    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+
 def _atomic(path: Path, write) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)

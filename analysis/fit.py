@@ -14,19 +14,14 @@ from matplotlib import pyplot as plt
 
 from analysis.common import bootstrap_ci, load_params, read_stage, save_figure, save_table
 from analysis.drift import drift_table, drop_drifted
+from speclab.acceptance import alpha_hat as acceptance_rate
 from speclab.cost_model import expected_tokens_per_iteration
 
 ALL = "all"
 
 
-def checked(df: pd.DataFrame) -> pd.Series:
-    """Proposals the target judged per iteration: the accepted ones and the first rejection."""
-    return df.accepted + (df.accepted < df.proposed)
-
-
 def alpha_hat(df: pd.DataFrame) -> float:
-    n = checked(df).sum()
-    return float(df.accepted.sum() / n) if n else float("nan")
+    return acceptance_rate(df.accepted, df.proposed)
 
 
 def with_pooled_kind(df: pd.DataFrame) -> pd.DataFrame:

@@ -8,26 +8,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import load_params
+from analysis.common import load_params, read_table
 
-
-def _read(out: Path, name: str) -> pd.DataFrame:
-    path = out / f"{name}.parquet"
-    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
 
 
 def main() -> None:
     params = load_params()
     out = Path(params["analysis_dir"])
     pd.set_option("display.width", 200)
-    acc = _read(out, "acceptance_table")
+    acc = read_table(out, "acceptance_table")
     if not acc.empty:
         print("alpha (accepted/checked) per kind and k:")
         print(acc.pivot_table(index="kind", columns="k", values="alpha").round(3).to_string())
         print("tokens per target pass measured / i.i.d. formula:")
         t = acc.assign(v=acc.tokens_per_pass.round(2).astype(str) + " / " + acc.formula_iid.round(2).astype(str))
         print(t.pivot_table(index="kind", columns="k", values="v", aggfunc="first").to_string())
-    pts = _read(out, "speed_points")
+    pts = read_table(out, "speed_points")
     if not pts.empty:
         print("measured speed-up (median of adjacent-run ratios) per kind and k:")
         print(pts.pivot_table(index="kind", columns="k", values="measured").round(2).to_string())
@@ -37,15 +33,15 @@ def main() -> None:
         print(pts.pivot_table(index="kind", columns="k", values="predicted_empirical").round(2).to_string())
     for name in ("predictor_errors", "best_k", "drift", "divergence_counts", "distribution_rates",
                  "drafter_comparison", "adaptive_vs_fixed"):
-        df = _read(out, name)
+        df = read_table(out, name)
         if not df.empty:
             print(f"{name}:")
             print(df.round(4).to_string(index=False))
-    sampled = _read(out, "sampled_alpha")
+    sampled = read_table(out, "sampled_alpha")
     if not sampled.empty:
         print("sampled vs greedy alpha:")
         print(sampled[sampled.kind == "all"].round(3).to_string(index=False))
-    speed = _read(out, "strategy_speedups")
+    speed = read_table(out, "strategy_speedups")
     if not speed.empty:
         print("strategy speed-ups:")
         print(speed.round(3).to_string(index=False))

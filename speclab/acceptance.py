@@ -14,9 +14,22 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 AcceptRule = Callable[..., tuple[int, int]]
+
+
+def alpha_hat(accepted, proposed) -> float:
+    """Acceptance rate from per-iteration counts: accepted / checked proposals.
+
+    A rejection ends the check, so the proposals after it were never judged; counting them as
+    failures (accepted / proposed) would make alpha fall with k for the same text and pair.
+    This is the maximum-likelihood alpha of the i.i.d. model. Takes sequences or arrays.
+    """
+    acc = np.asarray(accepted, dtype=float)
+    checked = acc.sum() + (acc < np.asarray(proposed, dtype=float)).sum()
+    return float(acc.sum() / checked) if checked else float("nan")
 
 
 def _accepted_prefix(ok: torch.Tensor) -> int:

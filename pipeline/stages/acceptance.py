@@ -10,14 +10,14 @@ from pipeline.parquet import make_schema
 from pipeline.stages import StageOutput
 from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, sampling_config, stage_ks
+from speclab.acceptance import alpha_hat
 from speclab.cost_model import expected_tokens_per_iteration
 from speclab.loop import speculative_generate
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
-    ("do_sample", "bool"),
-    ("temperature", "float64"), ("top_k", "int32"), ("top_p", "float64"), ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"),
-    ("bonus", "bool"), ("new_tokens", "int32"),
+    ("do_sample", "bool"), ("temperature", "float64"), ("top_k", "int32"), ("top_p", "float64"),
+    ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"), ("bonus", "bool"), ("new_tokens", "int32"),
 ])
 
 
@@ -38,9 +38,7 @@ def position_acceptance(df: pd.DataFrame, k: int) -> pd.DataFrame:
 
 
 def alpha(df: pd.DataFrame) -> float:
-    """accepted / checked proposals (a rejection ends the check; later proposals were never judged)."""
-    checked = df.accepted.sum() + (df.accepted < df.proposed).sum()
-    return df.accepted.sum() / checked if checked else float("nan")
+    return alpha_hat(df.accepted, df.proposed)
 
 
 def proposal_efficiency(df: pd.DataFrame) -> float:
