@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import load_params, read_table
+from analysis.common import load_params, read_stage, read_table
+from analysis.drift import drift_table, drop_drifted
 
 
 
@@ -31,6 +32,14 @@ def main() -> None:
         print(pts.pivot_table(index="kind", columns="k", values="predicted_iid").round(2).to_string())
         print("predicted (empirical acceptance + overhead) per kind and k:")
         print(pts.pivot_table(index="kind", columns="k", values="predicted_empirical").round(2).to_string())
+    speed = read_stage(params["outputs_dir"], "speed")
+    if not speed.empty:
+        speed = drop_drifted(speed, drift_table(speed, float(params["drift"]["max_ratio"])))
+        fixed = speed[(speed.arm == "speculative") & (speed.k_policy == "fixed") & (speed.drafter == "model")
+                      & ~speed.do_sample]
+        parts = ["draft_s_per_iter", "verify_s_per_iter", "rollback_s_per_iter", "bookkeeping_s_per_iter"]
+        print("time per iteration (ms), greedy model draft, fixed k, drift-flagged jobs excluded:")
+        print((1e3 * fixed.groupby("k")[parts].mean()).round(2).assign(runs=fixed.groupby("k").size()).to_string())
     for name in ("predictor_errors", "best_k", "drift", "divergence_counts", "distribution_rates",
                  "drafter_comparison", "adaptive_vs_fixed"):
         df = read_table(out, name)
