@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 from pipeline.context import StageContext
 from speclab.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from speclab.k_policy import CostModelK, FixedK, HeuristicK, KPolicy
-from speclab.step_costs import pass_times
+from speclab.step_costs import step_costs
 
 DRAFTERS = ("model", "prompt_lookup")
 K_POLICIES = ("fixed", "cost_model", "heuristic")
@@ -24,13 +24,9 @@ def make_drafter(ctx: StageContext, name: str | None = None) -> Drafter:
 
 def measured_costs(ctx: StageContext, k_max: int, repeats: int = 5) -> tuple[float, dict[int, float]]:
     """c_draft and c_verify(k) = pass over k+1 tokens / one step, measured now on the first prompt."""
-    ids = ctx.inputs[ctx.prompts[0].id]
-    t = {p.pass_len: p.median_s for p in pass_times(ctx.pair.target, ids, list(range(1, k_max + 2)), repeats, 1)}
-    if ctx.cfg.drafter.name == "prompt_lookup":
-        c_draft = 0.0  # a lookup costs microseconds against a model pass
-    else:
-        c_draft = pass_times(ctx.pair.draft, ids, [1], repeats, 1)[0].median_s / t[1]
-    return c_draft, {k: t[k + 1] / t[1] for k in range(1, k_max + 1)}
+    draft = None if ctx.cfg.drafter.name == "prompt_lookup" else ctx.pair.draft  # a lookup costs ~nothing
+    c = step_costs(ctx.pair.target, draft, ctx.inputs[ctx.prompts[0].id], list(range(1, k_max + 1)), repeats, 1)
+    return c.c_draft, c.c_verify
 
 
 def make_policy(ctx: StageContext, name: str, k: int, costs: tuple[float, dict[int, float]] | None = None) -> KPolicy:

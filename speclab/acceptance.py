@@ -20,6 +20,14 @@ import torch
 AcceptRule = Callable[..., tuple[int, int]]
 
 
+def checked_proposals(accepted, proposed):
+    """Proposals the target judged in an iteration: the accepted ones and the first rejection, if any.
+
+    Works on ints and on arrays of per-iteration counts alike.
+    """
+    return accepted + (accepted < proposed)
+
+
 def alpha_hat(accepted, proposed) -> float:
     """Acceptance rate from per-iteration counts: accepted / checked proposals.
 
@@ -28,7 +36,7 @@ def alpha_hat(accepted, proposed) -> float:
     This is the maximum-likelihood alpha of the i.i.d. model. Takes sequences or arrays.
     """
     acc = np.asarray(accepted, dtype=float)
-    checked = acc.sum() + (acc < np.asarray(proposed, dtype=float)).sum()
+    checked = checked_proposals(acc, np.asarray(proposed, dtype=float)).sum()
     return float(acc.sum() / checked) if checked else float("nan")
 
 

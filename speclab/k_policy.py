@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from speclab.acceptance import checked_proposals
 from speclab.cost_model import best_k
 
 
@@ -100,7 +101,6 @@ class CostModelK:
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
-        checked = accepted + (accepted < proposed)
         self.acc = self.decay * self.acc + accepted
-        self.chk = self.decay * self.chk + checked
+        self.chk = self.decay * self.chk + checked_proposals(accepted, proposed)
         self._choose()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.acceptance import AcceptRule, accept_greedy, accept_sample
+from speclab.acceptance import AcceptRule, accept_greedy, accept_sample, checked_proposals
 from speclab.cache import crop_to, forward_logits, new_cache
 from speclab.drafters import Drafter, ModelDrafter
 from speclab.k_policy import FixedK, KPolicy
@@ -30,7 +30,7 @@ class IterationStats:
     @property
     def checked(self) -> int:
         """Proposals the target actually judged: the accepted ones and the first rejected one, if any."""
-        return self.accepted + (self.accepted < self.k)
+        return int(checked_proposals(self.accepted, self.k))
 
     @property
     def bookkeeping_s(self) -> float:

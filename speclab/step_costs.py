@@ -51,3 +51,29 @@ def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: l
         q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
         out.append(PassTiming(n, statistics.median(s), q[0], q[2], len(s)))
     return out
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What the cost model needs: a target step, a draft step, and the verification pass per k."""
+
+    target_step_s: float
+    draft_step_s: float  # 0 without a draft model (a lookup costs microseconds)
+    verify_s: dict[int, float]  # k -> target pass over k + 1 new tokens
+
+    @property
+    def c_draft(self) -> float:
+        return self.draft_step_s / self.target_step_s
+
+    @property
+    def c_verify(self) -> dict[int, float]:
+        return {k: v / self.target_step_s for k, v in self.verify_s.items()}
+
+
+def step_costs(target: torch.nn.Module, draft: torch.nn.Module | None, prompt_ids: torch.Tensor, ks: list[int],
+               repeats: int = 10, warmup: int = 2) -> StepCosts:
+    """Median target step, draft step and verification pass (k+1 new tokens) for each k, after the prompt."""
+    t = {p.pass_len: p.median_s
+         for p in pass_times(target, prompt_ids, sorted({1, *(k + 1 for k in ks)}), repeats, warmup)}
+    d = pass_times(draft, prompt_ids, [1], repeats, warmup)[0].median_s if draft is not None else 0.0
+    return StepCosts(t[1], d, {k: t[k + 1] for k in ks})

@@ -17,7 +17,7 @@ from pipeline.stages.common import (
 )
 from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
-from speclab.step_costs import pass_times
+from speclab.step_costs import step_costs
 
 STEP_FIELDS = [f"{name}_{when}_s" for when in ("before", "after") for name in ("target_step", "draft_step", "verify")]
 SCHEMA = make_schema(IDENTITY_FIELDS + [
@@ -36,10 +36,8 @@ def step_times(ctx: StageContext, ks: list[int]) -> tuple[float, float, dict[int
     """Target step, draft step and the verification pass (k+1 new tokens) per k, on the first prompt."""
     st = ctx.cfg.stage
     ids = ctx.inputs[ctx.prompts[0].id]
-    reps, warm = int(st.timing_repeats), int(st.timing_warmup)
-    t = {p.pass_len: p.median_s for p in pass_times(ctx.pair.target, ids, sorted({1, *(k + 1 for k in ks)}), reps, warm)}
-    d = pass_times(ctx.pair.draft, ids, [1], reps, warm)[0].median_s
-    return t[1], d, {k: t[k + 1] for k in ks}
+    c = step_costs(ctx.pair.target, ctx.pair.draft, ids, ks, int(st.timing_repeats), int(st.timing_warmup))
+    return c.target_step_s, c.draft_step_s, c.verify_s
 
 
 def _breakdown(res: GenerationResult) -> dict[str, float]:
