@@ -1,6 +1,6 @@
 """Where speculation pays: step time vs pass length, break-even alpha per k, the speed-up map, best k.
 
-    python -m analysis.breakeven   (reads outputs/timing and the fit's speed points)
+    python -m analysis.breakeven   (reads the published campaign's timing results and the fit's speed points)
 """
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import load_params, read_stage, save_figure, save_table
+from analysis.common import (load_params, published_campaign, read_stage, read_table, run_script, save_figure,
+                             save_table)
+from analysis.inputs import AnalysisError
 from speclab.cost_model import break_even_alpha, predicted_speedup
 
 
@@ -97,22 +99,29 @@ def map_figure(costs: pd.DataFrame, points: pd.DataFrame, pair: str, alpha_steps
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
-    timing = read_stage(params["outputs_dir"], "timing")
+    campaign = published_campaign(params)
+    timing = read_stage(params["outputs_dir"], "timing", campaign)
     if timing.empty:
-        raise SystemExit("analysis.breakeven: no outputs/timing; run `python -m pipeline.run +sweep=timing`")
+        raise AnalysisError(f"no timing results in campaign {campaign!r}; run "
+                            f"`python -m pipeline.run +sweep=timing campaign={campaign}`")
+    points = read_table(out, "speed_points")
+    if points.empty:
+        raise AnalysisError(f"{out / 'speed_points.parquet'} is missing or empty; run `python -m analysis.fit` first")
     k_max, steps = int(params["map"]["k_max"]), int(params["map"]["alpha_steps"])
     costs = cost_ratios(timing)
     table = breakeven_table(costs, k_max)
-    points = pd.read_parquet(out / "speed_points.parquet")
     best = best_k_table(points, costs, k_max)
+    figures = {"step_time_vs_pass_length.png": step_time_figure(timing)}
+    for pair in sorted(set(costs.pair) & set(points.pair)):
+        figures[f"speedup_map_{pair}.png"] = map_figure(costs, points, pair, steps, k_max)
+    # Everything is computed; only now are outputs replaced (each atomically).
     save_table(costs, out / "cost_ratios.parquet")
     save_table(table, out / "breakeven.parquet")
     save_table(best, out / "best_k.parquet")
-    save_figure(step_time_figure(timing), figs / "step_time_vs_pass_length.png")
-    for pair in sorted(set(costs.pair) & set(points.pair)):
-        save_figure(map_figure(costs, points, pair, steps, k_max), figs / f"speedup_map_{pair}.png")
+    for name, fig in figures.items():
+        save_figure(fig, figs / name)
     print(best.to_string(index=False))
 
 
 if __name__ == "__main__":
-    main()
+    run_script("analysis.breakeven", main)

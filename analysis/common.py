@@ -1,8 +1,8 @@
 """Reading stage outputs, parameters, and writing deterministic figures and tables."""
 from __future__ import annotations
 
-import os
-import tempfile
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -14,25 +14,34 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-STAGE_NAMES = ("timing", "acceptance", "speed", "divergence", "distribution")
+from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
+from pipeline.files import atomic_write  # noqa: E402
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
-def read_stage(outputs_dir: str | Path, stage: str) -> pd.DataFrame:
-    """Every finished Parquet file of a stage, concatenated (temp files of running jobs are skipped).
+def published_campaign(params: dict) -> str:
+    """The campaign `dvc repro` publishes (params.yaml: campaign); dvc.yaml's deps name the same folder."""
+    campaign = params.get("campaign")
+    campaign_dir(params["outputs_dir"], campaign)  # validates the name
+    return campaign
 
-    Files are read one by one rather than as a dataset so that a file written with a newer
-    schema keeps its extra columns instead of inheriting the first file's schema.
+
+def read_stage(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFrame:
+    """Every finished Parquet file of a stage in ``campaign``, checked, concatenated, with a campaign column.
+
+    Only that campaign's folder is read, so results of other campaigns (ad-hoc ``scratch`` runs)
+    never reach the published tables. Files are read one by one rather than as a dataset so that
+    a file written with a newer schema keeps its extra columns instead of inheriting the first
+    file's schema. A bad file raises ``AnalysisError`` before anything is pooled.
     """
-    if stage not in STAGE_NAMES:
-        raise ValueError(f"unknown stage {stage!r}: allowed are {list(STAGE_NAMES)}")
-    files = sorted(p for p in (Path(outputs_dir) / stage).glob("*.parquet") if not p.name.startswith("."))
+    files = read_stage_files(outputs_dir, campaign, stage)
     if not files:
         return pd.DataFrame()
-    return with_defaults(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
+    df = with_defaults(pd.concat([f.data for f in files], ignore_index=True))
+    return df.assign(campaign=campaign)
 
 
 # Columns added to a stage's schema after results were already stored, with the value they had then.
@@ -66,35 +75,40 @@ def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: 
 
 
 def read_table(analysis_dir: str | Path, name: str) -> pd.DataFrame:
-    """An analysis table by name (empty when its stage has not produced it)."""
+    """An analysis table by name (empty when its stage has not produced it; AnalysisError when unreadable)."""
     path = Path(analysis_dir) / f"{name}.parquet"
-    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
-
-
-def _atomic(path: Path, write) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    os.close(fd)
+    if not path.exists():
+        return pd.DataFrame()
     try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        return pd.read_parquet(path)
+    except Exception as err:  # noqa: BLE001 - any reader error means the same thing here
+        raise AnalysisError(f"{path} is not a readable Parquet file ({type(err).__name__})") from None
 
 
 def save_figure(fig: plt.Figure, path: str | Path) -> Path:
     """PNG without timestamps or software tags in its metadata, so reruns are byte-identical."""
-    out = _atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight",
-                                                      metadata={"Software": None}, format="png"))
+    out = atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight",
+                                                     metadata={"Software": None}, format="png"))
     plt.close(fig)
     return out
 
 
 def save_table(df: pd.DataFrame, path: str | Path) -> Path:
     """A small result table as Parquet (the report renders it as Markdown)."""
-    return _atomic(Path(path), lambda tmp: df.to_parquet(tmp, index=False))
+    return atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+
+
+def run_script(name: str, main: Callable[[], None]) -> None:
+    """Run a script's main; bad input ends it with one line on stderr and exit code 1, no traceback.
+
+    Each main reads and checks all its inputs before it writes anything, so such an exit
+    leaves every committed output as it was.
+    """
+    try:
+        main()
+    except AnalysisError as err:
+        print(f"{name}: error: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:

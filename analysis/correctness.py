@@ -1,6 +1,6 @@
 """Correctness summaries: greedy divergences (gap in ulps, near-tie or bug) and distribution tests.
 
-    python -m analysis.correctness   (reads outputs/divergence and outputs/distribution)
+    python -m analysis.correctness   (reads the published campaign's divergence and distribution results)
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import load_params, read_stage, save_figure, save_table
+from analysis.common import load_params, published_campaign, read_stage, run_script, save_figure, save_table
 
 DIVERGENCE_COLUMNS = ["pair", "prompt_id", "kind", "k", "round", "position", "plain_text", "spec_text",
                       "gap_single_step", "gap_verify_pass", "gap_full_prefill", "top_logit", "ulp", "gap_ulps",
@@ -66,20 +66,26 @@ def rates_figure(rates: pd.DataFrame):
 def main() -> None:
     params = load_params()
     out = Path(params["analysis_dir"])
-    div = read_stage(params["outputs_dir"], "divergence")
-    dist = read_stage(params["outputs_dir"], "distribution")
+    campaign = published_campaign(params)
+    div = read_stage(params["outputs_dir"], "divergence", campaign)
+    dist = read_stage(params["outputs_dir"], "distribution", campaign)
+    tables, figures, lines = {}, {}, []
     if not div.empty:
         counts, table = divergence_summary(div)
-        save_table(counts, out / "divergence_counts.parquet")
-        save_table(table, out / "divergences.parquet")
-        print(counts.to_string(index=False))
+        tables.update({"divergence_counts": counts, "divergences": table})
+        lines.append(counts.to_string(index=False))
     if not dist.empty:
         rates, table = distribution_summary(dist)
-        save_table(rates, out / "distribution_rates.parquet")
-        save_table(table, out / "distribution_tests.parquet")
-        save_figure(rates_figure(rates), Path(params["figures_dir"]) / "distribution_rejections.png")
-        print(rates.to_string(index=False))
+        tables.update({"distribution_rates": rates, "distribution_tests": table})
+        figures["distribution_rejections.png"] = rates_figure(rates)
+        lines.append(rates.to_string(index=False))
+    # Everything is computed; only now are outputs replaced (each atomically).
+    for name, df in tables.items():
+        save_table(df, out / f"{name}.parquet")
+    for name, fig in figures.items():
+        save_figure(fig, Path(params["figures_dir"]) / name)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    run_script("analysis.correctness", main)

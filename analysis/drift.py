@@ -1,6 +1,7 @@
 """Drift: did the machine change speed during a speed job? Compare step times taken before and after.
 
-    python -m analysis.drift      (reads outputs/speed, writes outputs/analysis/drift.parquet and a figure)
+    python -m analysis.drift      (reads the published campaign's speed results, writes
+                                   outputs/analysis/drift.parquet and a figure)
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import load_params, read_stage, save_figure, save_table
+from analysis.common import load_params, published_campaign, read_stage, run_script, save_figure, save_table
+from analysis.inputs import AnalysisError
 
 JOB_KEYS = ["pair", "config_hash"]
 
@@ -20,7 +22,7 @@ JOB_KEYS = ["pair", "config_hash"]
 def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
     """One row per speed job: before/after step times, the larger of their ratios, and the flag."""
     if max_ratio <= 1:
-        raise ValueError(f"drift.max_ratio={max_ratio} is not allowed: use a factor > 1 (e.g. 1.25)")
+        raise AnalysisError(f"drift.max_ratio={max_ratio} is not allowed: use a factor > 1 (e.g. 1.25)")
     cols = ["target_step_before_s", "target_step_after_s", "draft_step_before_s", "draft_step_after_s"]
     jobs = speed.groupby(JOB_KEYS, sort=True).agg(
         **{c: (c, "first") for c in cols},
@@ -85,17 +87,21 @@ def drift_figure(drift: pd.DataFrame, max_ratio: float):
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
-    speed = read_stage(params["outputs_dir"], "speed")
+    campaign = published_campaign(params)
+    speed = read_stage(params["outputs_dir"], "speed", campaign)
     if speed.empty:
-        raise SystemExit("analysis.drift: no speed results under outputs/speed; run `python -m pipeline.run +sweep=speed`")
+        raise AnalysisError(f"no speed results in campaign {campaign!r}; run "
+                            f"`python -m pipeline.run +sweep=speed campaign={campaign}`")
     cfg = params["drift"]
     drift = drift_table(speed, float(cfg["max_ratio"]))
+    figure = drift_figure(drift, float(cfg["max_ratio"]))
+    # Everything is computed; only now are outputs replaced (each atomically).
     save_table(drift, out / "drift.parquet")
-    save_figure(drift_figure(drift, float(cfg["max_ratio"])), figs / "drift.png")
+    save_figure(figure, figs / "drift.png")
     tagged = tag_mlflow(drift, cfg["tracking_uri"]) if cfg.get("tag_mlflow") else 0
     print(f"analysis.drift: {int(drift.flagged.sum())} of {len(drift)} speed jobs drifted by more than "
           f"x{cfg['max_ratio']}; {tagged} MLflow runs tagged")
 
 
 if __name__ == "__main__":
-    main()
+    run_script("analysis.drift", main)

@@ -1,7 +1,7 @@
 """Prediction vs measurement: tokens per target pass and speed-up, from the i.i.d. geometric model
 and from a better predictor (empirical acceptance plus a per-iteration overhead).
 
-    python -m analysis.fit        (reads outputs/acceptance and outputs/speed, and the drift table)
+    python -m analysis.fit        (reads the published campaign's acceptance and speed results)
 """
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import bootstrap_ci, load_params, read_stage, save_figure, save_table
+from analysis.common import (bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_figure,
+                             save_table)
 from analysis.drift import drift_table, drop_drifted
+from analysis.inputs import AnalysisError
 from speclab.acceptance import alpha_hat as acceptance_rate
 from speclab.cost_model import expected_tokens_per_iteration
 
@@ -130,10 +132,12 @@ def main() -> None:
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
     boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
             "level": float(params["bootstrap"]["level"])}
-    acc = read_stage(params["outputs_dir"], "acceptance")
-    speed = read_stage(params["outputs_dir"], "speed")
+    campaign = published_campaign(params)
+    acc = read_stage(params["outputs_dir"], "acceptance", campaign)
+    speed = read_stage(params["outputs_dir"], "speed", campaign)
     if acc.empty or speed.empty:
-        raise SystemExit("analysis.fit: needs outputs/acceptance and outputs/speed; run `python -m pipeline.run +sweep=all`")
+        raise AnalysisError(f"needs acceptance and speed results in campaign {campaign!r}; run "
+                            f"`python -m pipeline.run +sweep=all campaign={campaign}`")
     # The cost model is about a draft model at a fixed k, greedy; other strategies: analysis.strategies.
     acc = acc[~acc.do_sample & (acc.drafter == "model") & (acc.k_policy == "fixed")]
     speed = speed[~speed.do_sample & speed.drafter.isin(["model", "none"]) & speed.k_policy.isin(["fixed", "none"])]
@@ -141,19 +145,21 @@ def main() -> None:
     if params["drift"]["exclude"]:
         speed = drop_drifted(speed, drift)
         if speed.empty:
-            raise SystemExit(f"analysis.fit: every speed job drifted by more than x{params['drift']['max_ratio']}; "
-                             "rerun the speed sweep on a quieter machine, or set drift.exclude: false in params.yaml")
+            raise AnalysisError(f"every speed job drifted by more than x{params['drift']['max_ratio']}; rerun the "
+                                "speed sweep on a quieter machine, or set drift.exclude: false in params.yaml")
     tab = acceptance_table(acc, boot)
     points = speed_points(speed, tab, boot)
     errors = predictor_errors(points)
+    figures = {"alpha_by_k.png": alpha_figure(tab), "tokens_per_pass.png": tokens_figure(tab),
+               "speedup_predicted_vs_measured.png": speedup_figure(points)}
+    # Everything is computed; only now are outputs replaced (each atomically).
     save_table(tab, out / "acceptance_table.parquet")
     save_table(points, out / "speed_points.parquet")
     save_table(errors, out / "predictor_errors.parquet")
-    save_figure(alpha_figure(tab), figs / "alpha_by_k.png")
-    save_figure(tokens_figure(tab), figs / "tokens_per_pass.png")
-    save_figure(speedup_figure(points), figs / "speedup_predicted_vs_measured.png")
+    for name, fig in figures.items():
+        save_figure(fig, figs / name)
     print(errors.to_string(index=False))
 
 
 if __name__ == "__main__":
-    main()
+    run_script("analysis.fit", main)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import load_params, read_stage, read_table
+from analysis.common import load_params, published_campaign, read_stage, read_table, run_script
 from analysis.drift import drift_table, drop_drifted
 
 
@@ -32,7 +32,7 @@ def main() -> None:
         print(pts.pivot_table(index="kind", columns="k", values="predicted_iid").round(2).to_string())
         print("predicted (empirical acceptance + overhead) per kind and k:")
         print(pts.pivot_table(index="kind", columns="k", values="predicted_empirical").round(2).to_string())
-    speed = read_stage(params["outputs_dir"], "speed")
+    speed = read_stage(params["outputs_dir"], "speed", published_campaign(params))
     if not speed.empty:
         speed = drop_drifted(speed, drift_table(speed, float(params["drift"]["max_ratio"])))
         fixed = speed[(speed.arm == "speculative") & (speed.k_policy == "fixed") & (speed.drafter == "model")
@@ -57,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script("analysis.headline", main)

@@ -1,7 +1,7 @@
 """Beyond one fixed draft: speed-up per drafter and k policy per kind, adaptive vs best fixed k,
 and sampled vs greedy acceptance.
 
-    python -m analysis.strategies   (reads outputs/speed and outputs/acceptance, and the drift table)
+    python -m analysis.strategies   (reads the published campaign's speed and acceptance results)
 """
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import load_params, read_stage, save_figure, save_table
+from analysis.common import load_params, published_campaign, read_stage, run_script, save_figure, save_table
 from analysis.drift import drift_table, drop_drifted
 from analysis.fit import alpha_hat
+from analysis.inputs import AnalysisError
 
 
 def sampling_label(df: pd.DataFrame) -> pd.Series:
@@ -91,23 +92,27 @@ def sampled_alpha_figure(tab: pd.DataFrame):
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
-    speed = read_stage(params["outputs_dir"], "speed")
-    acc = read_stage(params["outputs_dir"], "acceptance")
+    campaign = published_campaign(params)
+    speed = read_stage(params["outputs_dir"], "speed", campaign)
+    acc = read_stage(params["outputs_dir"], "acceptance", campaign)
     if speed.empty or acc.empty:
-        raise SystemExit("analysis.strategies: needs outputs/speed and outputs/acceptance")
+        raise AnalysisError(f"needs speed and acceptance results in campaign {campaign!r}; run "
+                            f"`python -m pipeline.run +sweep=all campaign={campaign}`")
     if params["drift"]["exclude"]:
         speed = drop_drifted(speed, drift_table(speed, float(params["drift"]["max_ratio"])))
     table = strategy_table(speed)
     adaptive, drafters, sampled = adaptive_vs_fixed(table), drafter_comparison(table), sampled_alpha(acc)
+    figures = {"strategies.png": strategy_figure(table), "sampled_alpha.png": sampled_alpha_figure(sampled)}
+    # Everything is computed; only now are outputs replaced (each atomically).
     save_table(table, out / "strategy_speedups.parquet")
     save_table(adaptive, out / "adaptive_vs_fixed.parquet")
     save_table(drafters, out / "drafter_comparison.parquet")
     save_table(sampled, out / "sampled_alpha.parquet")
-    save_figure(strategy_figure(table), figs / "strategies.png")
-    save_figure(sampled_alpha_figure(sampled), figs / "sampled_alpha.png")
+    for name, fig in figures.items():
+        save_figure(fig, figs / name)
     print(drafters.to_string(index=False))
     print(adaptive.to_string(index=False))
 
 
 if __name__ == "__main__":
-    main()
+    run_script("analysis.strategies", main)

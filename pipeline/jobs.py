@@ -1,4 +1,8 @@
-"""Run identity: a hash of the resolved config names a job's output, so a rerun can skip finished jobs."""
+"""Run identity and completeness: a hash of the resolved config names a job's output file.
+
+A job is complete when its file reads, has the stage's schema and the rows its provenance record
+says were written, and (with tracking on) MLflow holds a FINISHED run for the same job.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -9,8 +13,9 @@ from omegaconf import DictConfig
 
 from pipeline.tracking import flatten
 
-# Keys that do not change what a job measures.
-VOLATILE = ("force", "mlflow.", "outputs_dir", "threads")
+# Keys that do not change what a job measures. The campaign says where a result is filed,
+# not what it measures: one measurement keeps one hash across campaigns.
+VOLATILE = ("force", "mlflow.", "outputs_dir", "threads", "campaign")
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -18,11 +23,14 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def campaign_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.outputs_dir) / "campaigns" / str(cfg.campaign)
+
+
 def output_path(cfg: DictConfig, stage: str) -> Path:
-    return Path(cfg.outputs_dir) / stage / f"{cfg.pair.name}-{config_hash(cfg)}.parquet"
+    return campaign_dir(cfg) / stage / f"{cfg.pair.name}-{config_hash(cfg)}.parquet"
 
 
-def already_done(cfg: DictConfig, stage: str) -> Path | None:
-    """The finished output of an identical job, unless ``force=true``."""
-    path = output_path(cfg, stage)
-    return path if path.exists() and not cfg.get("force", False) else None
+def run_identity(cfg: DictConfig, stage: str) -> dict[str, str]:
+    """The tags that identify a job's MLflow run."""
+    return {"stage": stage, "config_hash": config_hash(cfg), "campaign": str(cfg.campaign)}

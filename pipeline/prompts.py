@@ -1,4 +1,4 @@
-"""The prompt set: texts with an id and a kind, tokenised for a pair."""
+"""The prompt set: texts with an id and a kind, checked and tokenised for a pair."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +8,7 @@ import torch
 import yaml
 
 PROMPT_DIR = Path(__file__).parent / "prompts"
+FIELDS = ("id", "kind", "text")
 
 
 @dataclass(frozen=True)
@@ -17,13 +18,51 @@ class Prompt:
     text: str
 
 
+def _parse(path: Path) -> list[Prompt]:
+    """Every prompt of a file, or a one-line ValueError saying what is wrong and where."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ValueError(f"prompt file {str(path)!r} is not valid YAML{where} ({problem})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"prompt file {str(path)!r} cannot be read ({type(err).__name__})") from None
+    if not data:
+        raise ValueError(f"prompt file {str(path)!r} holds no prompts: write a YAML list of entries with {list(FIELDS)}")
+    if not isinstance(data, list):
+        raise ValueError(f"prompt file {str(path)!r} holds a {type(data).__name__}: write a YAML list of entries "
+                         f"with {list(FIELDS)}")
+    prompts, seen = [], {}
+    for i, entry in enumerate(data, 1):
+        if not isinstance(entry, dict):
+            raise ValueError(f"prompt #{i} in {path.name} is {entry!r}: each prompt is a mapping with {list(FIELDS)}")
+        name = f"prompt #{i}" + (f" (id {entry['id']!r})" if entry.get("id") is not None else "")
+        missing = [f for f in FIELDS if entry.get(f) is None]
+        if missing:
+            raise ValueError(f"{name} in {path.name} lacks {missing}: each prompt needs {list(FIELDS)}")
+        pid, kind, text = (str(entry[f]) for f in FIELDS)
+        if not pid.strip() or not kind.strip():
+            raise ValueError(f"{name} in {path.name} has an empty id or kind: both must be non-empty")
+        if not text.strip():
+            raise ValueError(f"prompt {pid!r} in {path.name} has an empty text: give it some text or remove it")
+        if pid in seen:
+            raise ValueError(f"prompt id {pid!r} appears twice in {path.name} (#{seen[pid]} and #{i}): ids must be unique")
+        seen[pid] = i
+        prompts.append(Prompt(pid, kind, text))
+    return prompts
+
+
 def load_prompts(file: str, kinds: list[str], per_kind: int = 0) -> list[Prompt]:
     """Prompts from ``file`` (a name in pipeline/prompts/ or a path), filtered to ``kinds``."""
+    if per_kind < 0:
+        raise ValueError(f"prompts.per_kind={per_kind} is not allowed: use 0 (every prompt) or n >= 1")
     path = Path(file) if Path(file).is_file() else PROMPT_DIR / file
     if not path.is_file():
         shipped = sorted(p.name for p in PROMPT_DIR.glob("*.yaml"))
         raise ValueError(f"prompt file {file!r} not found: use one of {shipped} or a path to a YAML file")
-    prompts = [Prompt(str(p["id"]), str(p["kind"]), str(p["text"])) for p in yaml.safe_load(path.read_text()) or []]
+    prompts = _parse(path)
     available = sorted({p.kind for p in prompts})
     unknown = [k for k in kinds if k not in available]
     if unknown:
@@ -42,4 +81,25 @@ def encode(prompt: Prompt, tokenizer, vocab_size: int, device: torch.device) -> 
     if tokenizer is None:
         ids = [b % vocab_size for b in prompt.text.encode()[:64]]
         return torch.tensor([ids], device=device)
-    return tokenizer(prompt.text, return_tensors="pt").input_ids.to(device)
+    ids = tokenizer(prompt.text, return_tensors="pt").input_ids
+    if ids.shape[1] == 0:
+        raise ValueError(f"prompt {prompt.id!r} encodes to no tokens: give it some text")
+    return ids.to(device)
+
+
+def context_limit(model: torch.nn.Module) -> int | None:
+    """The longest sequence a model's positions cover (None when its config does not say)."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    limit = getattr(config, "max_position_embeddings", None)
+    return int(limit) if limit else None
+
+
+def check_fits(prompt_id: str, n_prompt: int, max_new_tokens: int, k_max: int, limits: dict[str, int | None]) -> None:
+    """The prompt, the new tokens and one iteration's proposals must fit every model's context."""
+    need = n_prompt + max_new_tokens + k_max + 1
+    for role, limit in limits.items():
+        if limit is not None and need > limit:
+            raise ValueError(f"prompt {prompt_id!r} has {n_prompt} tokens: with max_new_tokens={max_new_tokens} and "
+                             f"up to k={k_max} proposals it needs {need} positions, more than the {role}'s context of "
+                             f"{limit}; shorten the prompt or lower max_new_tokens")

@@ -1,18 +1,34 @@
-"""MLflow logging for a stage run. A run that cannot be logged still keeps its Parquet."""
+"""MLflow tracking of stage jobs: a run opens when the job starts and finishes only after its Parquet is written.
+
+Tracking is optional: a store that cannot be reached is found out once per process (a short
+probe, no retry loop), said in one line, and the jobs go on writing Parquet without it.
+"""
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import platform
+import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+# Bound MLflow's own HTTP retries (by default minutes against a dead server) unless the user chose.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
 PACKAGES = ("torch", "transformers", "speclab", "mlflow", "hydra-core", "numpy", "scipy")
+PROBE_TIMEOUT_S = 3.0
+# Set for child processes (joblib, submitit) once a store was found unreachable: they skip it at once.
+DOWN_ENV = "SPECLAB_TRACKING_DOWN"
+_down: dict[str, str] = {}  # tracking URI -> why it cannot be used, found out once per process
+_said: set[str] = set()  # URIs whose outage was already reported by this process
 
 
 def flatten(cfg: DictConfig) -> dict[str, Any]:
@@ -50,50 +66,193 @@ def environment_tags(device: str, dtype: str) -> dict[str, str]:
     return tags
 
 
-def ensure_tracking_store(uri: str) -> None:
-    """Create the tracking database once (parallel jobs on a brand-new sqlite file race on its schema)."""
-    import mlflow
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
 
-    mlflow.set_tracking_uri(uri)
-    mlflow.MlflowClient(uri).search_experiments(max_results=1)
+
+def _probe(uri: str) -> str | None:
+    """Why ``uri`` cannot be used as a tracking store, or None. Costs at most a few seconds."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            socket.create_connection((parsed.hostname or "localhost", port), timeout=PROBE_TIMEOUT_S).close()
+        except OSError as err:
+            return f"cannot connect to {parsed.hostname}:{port} ({_first_line(err)})"
+    # One short try: a server that accepts connections but never answers must not hold the job.
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(PROBE_TIMEOUT_S))})
+    try:
+        import mlflow
+
+        # Creating the store here, once, also avoids parallel jobs racing on a new sqlite schema.
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as err:  # noqa: BLE001 - any failure means the same: no tracking for this process
+        if parsed.scheme in ("http", "https"):
+            return f"connected, but no usable answer within {PROBE_TIMEOUT_S:.0f} s ({type(err).__name__})"
+        return _first_line(err)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return None
+
+
+def tracking_problem(uri: str) -> str | None:
+    """Probe ``uri`` once per process (and once per multirun, through the environment)."""
+    if os.environ.get(DOWN_ENV) == uri:
+        return "found unreachable when the multirun started"
+    if uri not in _down:
+        _down[uri] = _probe(uri) or ""
+        if _down[uri]:
+            os.environ[DOWN_ENV] = uri
+    return _down[uri] or None
+
+
+def _mark_down(uri: str, err: BaseException) -> None:
+    _down[uri] = _first_line(err)
+    os.environ[DOWN_ENV] = uri
+    print(f"speclab: warning: MLflow at {uri} failed ({_down[uri]}); the rest of this process writes Parquet "
+          "only (rerun the job later to log it)", file=sys.stderr)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Tracker:
+    """The MLflow side of a job's runs. ``enabled`` is False when tracking is off or unreachable."""
+
+    uri: str
+    experiment: str
+    enabled: bool
+    _client: Any = None
+    _experiment_id: str | None = None
+    _open: dict[str, str] = field(default_factory=dict)  # run id -> stage, for runs this process opened
+
+    @classmethod
+    def for_config(cls, cfg: DictConfig) -> Tracker:
+        uri, enabled = str(cfg.mlflow.tracking_uri), bool(cfg.mlflow.enabled)
+        if enabled:
+            problem = tracking_problem(uri)
+            if problem:
+                if uri not in _said:
+                    _said.add(uri)
+                    print(f"speclab: MLflow at {uri} is unreachable ({problem}): results are written to Parquet "
+                          "only; rerun the same command once it is back to log them", file=sys.stderr)
+                enabled = False
+        return cls(uri, str(cfg.mlflow.experiment), enabled)
+
+    def _call(self, fn, *args, **kwargs) -> Any:
+        """One MLflow call; a failure turns tracking off for the rest of the process instead of raising."""
+        if not self.enabled:
+            return None
+        try:
+            if self._client is None:
+                import mlflow
+
+                self._client = mlflow.MlflowClient(self.uri)
+                exp = self._client.get_experiment_by_name(self.experiment)
+                self._experiment_id = exp.experiment_id if exp else self._client.create_experiment(self.experiment)
+            return fn(self._client, *args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - a dead server must not cost the measured results
+            self.enabled = False
+            _mark_down(self.uri, err)
+            return None
+
+    def _search(self, identity: dict[str, str], status: str) -> list:
+        clauses = [f"tags.{k} = '{v}'" for k, v in identity.items()] + [f"attributes.status = '{status}'"]
+        return self._call(lambda c: c.search_runs([self._experiment_id], " and ".join(clauses))) or []
+
+    def has_finished_run(self, identity: dict[str, str]) -> bool:
+        return bool(self._search(identity, "FINISHED"))
+
+    def close_stale_runs(self, identity: dict[str, str]) -> int:
+        """Mark RUNNING runs of this job whose process is gone (killed by a signal it could not catch) KILLED."""
+        n = 0
+        for run in self._search(identity, "RUNNING"):
+            tags = run.data.tags
+            if tags.get("speclab.host") == platform.node() and not _pid_alive(int(tags.get("speclab.pid", "0") or 0)):
+                self._call(lambda c, rid=run.info.run_id: c.set_terminated(rid, "KILLED"))
+                n += 1
+        return n
+
+    def start(self, name: str, identity: dict[str, str], tags: dict[str, str], params: dict[str, Any]) -> str | None:
+        """Open a RUNNING run now, so its duration is the job's; None when tracking is off."""
+        all_tags = {**tags, **identity, "speclab.pid": str(os.getpid()), "speclab.host": platform.node()}
+
+        def create(c):
+            run = c.create_run(self._experiment_id, run_name=name, tags=all_tags)
+            from mlflow.entities import Param
+
+            items = [Param(k, ("" if v is None else str(v))[:500]) for k, v in params.items()]
+            for i in range(0, len(items), 100):
+                c.log_batch(run.info.run_id, params=items[i:i + 100])
+            return run.info.run_id
+
+        run_id = self._call(create)
+        if run_id:
+            self._open[run_id] = identity.get("stage", "")
+        return run_id
+
+    def finish(self, run_id: str | None, metrics: dict[str, float], artifacts: list[Path], config: dict) -> bool:
+        """Log metrics, the Parquet and the resolved config, then mark the run FINISHED."""
+        if run_id is None:
+            return False
+
+        def log(c):
+            import time
+
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v]  # NaN is not loggable
+            for i in range(0, len(items), 500):
+                c.log_batch(run_id, metrics=items[i:i + 500])
+            for path in artifacts:
+                c.log_artifact(run_id, str(path))
+            c.log_dict(run_id, config, "config.yaml")
+            c.set_terminated(run_id, "FINISHED")
+            return True
+
+        done = bool(self._call(log))
+        if done:
+            self._open.pop(run_id, None)
+        return done
+
+    def end(self, run_id: str | None, status: str) -> None:
+        """Close a run that did not finish (FAILED, KILLED): never leave it RUNNING."""
+        if run_id is not None and run_id in self._open:
+            self._call(lambda c: c.set_terminated(run_id, status))
+            self._open.pop(run_id, None)
 
 
 class CreateTrackingStore(Callback):
-    """Hydra callback: before a multirun launches its jobs, create the MLflow store in this process."""
+    """Hydra callback: before a multirun launches its jobs, probe (and create) the MLflow store once."""
 
     def __init__(self, uri: str, enabled: bool = True) -> None:
         self.uri, self.enabled = uri, enabled
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self.enabled:
-            try:
-                ensure_tracking_store(self.uri)
-            except Exception as err:  # noqa: BLE001 - tracking is optional; the jobs still write Parquet
-                print(f"speclab: MLflow store {self.uri} not created ({err}); runs will not be logged",
-                      file=sys.stderr)
+            problem = tracking_problem(self.uri)
+            if problem:
+                _said.add(self.uri)
+                print(f"speclab: MLflow at {self.uri} is unreachable ({problem}): every job of this multirun "
+                      "writes Parquet only; rerun the sweep once it is back to log them", file=sys.stderr)
 
 
-def log_stage_run(cfg: DictConfig, stage: str, metrics: dict[str, float], artifacts: list[Path],
-                  tags: dict[str, str]) -> bool:
-    """Log one run: params = flattened config, metrics, tags, artifacts. False (and a message) if it fails."""
-    if not cfg.mlflow.enabled:
-        return False
-    try:
-        import mlflow
 
-        mlflow.set_tracking_uri(cfg.mlflow.tracking_uri)
-        mlflow.set_experiment(cfg.mlflow.experiment)
-        params = {k: ("" if v is None else str(v))[:500] for k, v in flatten(cfg).items()}
-        with mlflow.start_run(run_name=f"{stage}-{cfg.pair.name}-{tags.get('config_hash', '')[:8]}"):
-            mlflow.log_params(params)
-            clean = {k: float(v) for k, v in metrics.items() if v == v}  # NaN is not loggable
-            if clean:
-                mlflow.log_metrics(clean)  # one batched call: ~5 ms per call on sqlite
-            mlflow.set_tags({**tags, "stage": stage})
-            for path in artifacts:
-                mlflow.log_artifact(str(path))
-        return True
-    except Exception as err:  # noqa: BLE001 - a dead server must not cost the measured results
-        print(f"speclab: warning: run NOT logged to MLflow at {cfg.mlflow.tracking_uri} ({type(err).__name__}: "
-              f"{str(err).splitlines()[0] if str(err) else ''}); its Parquet is kept", file=sys.stderr)
-        return False
+def resolved_config(cfg: DictConfig) -> dict:
+    """The job's config as plain data (logged as the run's config.yaml)."""
+    return OmegaConf.to_container(cfg, resolve=True)

@@ -1,6 +1,7 @@
 """How many tokens to draft next: fixed, the transformers heuristic, or the cost model's choice."""
 from __future__ import annotations
 
+import operator
 from typing import Protocol
 
 from speclab.acceptance import checked_proposals
@@ -19,11 +20,26 @@ class KPolicy(Protocol):
         """Result of the iteration just verified."""
 
 
+def as_count(value: object, name: str = "k") -> int:
+    """``value`` as a plain int >= 1; any integral type counts (numpy, 0-d tensors), bool does not.
+
+    A numpy integer stored as k would leak into slicing and statistics, so it is converted here.
+    """
+    n: int | None = None
+    if not isinstance(value, bool):
+        try:
+            n = operator.index(value)
+        except TypeError:
+            pass
+    if n is None or n < 1:
+        shown = " ".join(repr(value if n is None else n).split())  # a tensor's repr spans lines
+        raise ValueError(f"{name}={shown} is not allowed: the number of proposals must be an integer >= 1")
+    return n
+
+
 class FixedK:
     def __init__(self, k: int) -> None:
-        if not isinstance(k, int) or k < 1:
-            raise ValueError(f"k={k} is not allowed: the number of proposals must be an integer >= 1")
-        self._k = k
+        self._k = as_count(k, "k")
 
     def start(self) -> None:
         pass
@@ -40,6 +56,7 @@ class HeuristicK:
     """transformers' assisted-generation schedule: +2 after an all-accepted iteration, -1 otherwise."""
 
     def __init__(self, k_start: int = 4, k_min: int = 1, k_max: int = 10) -> None:
+        k_start, k_min, k_max = as_count(k_start, "k_start"), as_count(k_min, "k_min"), as_count(k_max, "k_max")
         if not 1 <= k_min <= k_start <= k_max:
             raise ValueError(f"k bounds start={k_start}, min={k_min}, max={k_max} are not allowed: need 1 <= min <= start <= max")
         self.k_start, self.k_min, self.k_max = k_start, k_min, k_max
@@ -73,6 +90,7 @@ class CostModelK:
                  decay: float = 0.7, alpha0: float = 0.6, prior_weight: float = 2.0) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay={decay} is not allowed: use a value in [0, 1)")
+        k_min, k_max = as_count(k_min, "k_min"), as_count(k_max, "k_max")
         if not 1 <= k_min <= k_max:
             raise ValueError(f"k bounds min={k_min}, max={k_max} are not allowed: need 1 <= min <= max")
         if c_draft < 0:

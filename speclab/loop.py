@@ -152,7 +152,8 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Mo
     acceptance rule (the wrong ones exist for tests); greedy always uses ``accept_greedy``.
     """
     _check_prompt(input_ids)
-    policy = FixedK(k) if isinstance(k, int) else k
+    # Anything that is not a policy is a fixed k; FixedK accepts any integral type and rejects the rest.
+    policy = k if hasattr(k, "start") and hasattr(k, "update") else FixedK(k)
     policy.start()
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")

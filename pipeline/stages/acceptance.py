@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext
@@ -64,6 +65,11 @@ def run(ctx: StageContext) -> StageOutput:
                              "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
                              "new_tokens": it.new_tokens})
     df = pd.DataFrame(rows)
+    return StageOutput(df, *summarize(df, cfg))
+
+
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+    """Headline metrics and summary lines of an acceptance result (also used to log a run from its file)."""
     metrics, summary = {}, []
     for k, at_k in df.groupby("k"):
         a, tpp = alpha(at_k), at_k.new_tokens.mean()
@@ -85,4 +91,4 @@ def run(ctx: StageContext) -> StageOutput:
             metrics[f"position{r.position}.cumulative.k{k}"] = r.cumulative
         summary.append("  by draft position (conditional / cumulative; the bonus token is not a position): "
                        + ", ".join(f"{r.position}: {r.conditional:.2f}/{r.cumulative:.2f}" for r in pos.itertuples()))
-    return StageOutput(df, metrics, summary)
+    return metrics, summary

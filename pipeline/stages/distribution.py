@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
+from omegaconf import DictConfig
 import torch
 from tqdm import tqdm
 
@@ -106,6 +107,14 @@ def run(ctx: StageContext) -> StageOutput:
                        min(hf_power.values()))
                 hf_done += 1
     df = pd.DataFrame(rows)
+    return StageOutput(df, *summarize(df, cfg))
+
+
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+    """Headline metrics and summary lines of a distribution result (also used to log a run from its file)."""
+    st = cfg.stage
+    level = float(st.alpha_level)
+    n = int(st.draws)
     metrics, summary = {}, []
     powered = df[~df.no_power]
     for rule in [*SAMPLING_RULES, HF_RULE]:
@@ -122,4 +131,4 @@ def run(ctx: StageContext) -> StageOutput:
                       f"contexts ({st.get('contexts', 'prompt')}) x {len(st.seeds)} seeds x {n} draws; "
                       f"{metrics['no_power_contexts']} contexts have no power (expected acceptance > "
                       f"{st.no_power_acceptance}); TV(p, q) {df.total_variation.min():.2f}..{df.total_variation.max():.2f}")
-    return StageOutput(df, metrics, summary)
+    return metrics, summary

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pandas as pd
+from omegaconf import DictConfig
 import torch
 from tqdm import tqdm
 
@@ -61,6 +62,12 @@ def run(ctx: StageContext) -> StageOutput:
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "round": int(cfg.round) + r, **analyse(ctx, ids, plain, spec, k)})
     df = pd.DataFrame(rows, columns=SCHEMA.names)
+    return StageOutput(df, *summarize(df, cfg))
+
+
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+    """Headline metrics and summary lines of a divergence result (also used to log a run from its file)."""
+    ks = sorted(int(k) for k in df.k.unique())
     diverged = df[~df.identical.astype(bool)]
     metrics = {"runs": len(df), "identical_share": df.identical.astype(bool).mean(),
                "divergences": len(diverged), "near_ties": int((diverged.classification == "near_tie").sum()),
@@ -71,4 +78,4 @@ def run(ctx: StageContext) -> StageOutput:
         summary.append(f"  {row.prompt_id} k={row.k} token {row.position}: plain {row.plain_text!r} vs speculative "
                        f"{row.spec_text!r}, gap {row.max_gap:.4g} = {row.gap_ulps:.1f} ulp at top logit "
                        f"{row.top_logit:.2f} -> {row.classification}")
-    return StageOutput(df, metrics, summary)
+    return metrics, summary

@@ -6,6 +6,7 @@ them and detect drift; each speculative run also records its per-iteration time 
 from __future__ import annotations
 
 import pandas as pd
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext
@@ -122,7 +123,14 @@ def run(ctx: StageContext) -> StageOutput:
         df[f"target_step_{when}_s"] = t_step
         df[f"draft_step_{when}_s"] = d_step
         df[f"verify_{when}_s"] = df.k.map(verify).astype(float)  # NaN for plain rows
+    return StageOutput(df, *summarize(df, cfg))
 
+
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+    """Headline metrics and summary lines of a speed result (also used to log a run from its file)."""
+    first = df.iloc[0]
+    before = (first.target_step_before_s, first.draft_step_before_s)
+    after = (first.target_step_after_s, first.draft_step_after_s)
     spec = df[df.arm == "speculative"]
     metrics = {"plain_tokens_per_s_median": df[df.arm == "plain"].tokens_per_s.median(),
                "identical_share": spec.identical_to_plain.mean(),
@@ -148,4 +156,4 @@ def run(ctx: StageContext) -> StageOutput:
                        f"{metrics[f'verify_ms_per_iter.{key}']:.1f} ms, rollback "
                        f"{metrics[f'rollback_ms_per_iter.{key}']:.2f} ms, bookkeeping "
                        f"{metrics[f'bookkeeping_ms_per_iter.{key}']:.2f} ms")
-    return StageOutput(df, metrics, summary)
+    return metrics, summary

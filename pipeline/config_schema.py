@@ -1,0 +1,300 @@
+"""The typed config schema: dataclasses registered with Hydra's ConfigStore, plus range checks.
+
+Types are checked by Hydra while it composes the config (``max_new_tokens=abc`` never reaches
+the code; ``sampling.do_sample=no`` is the boolean false, not the truthy string 'no'). Ranges and
+choices are checked by :func:`check_config` before any model loads. Each field mirrors a key of the
+YAML files in conf/ exactly: adding a key would change every job's config hash.
+
+Groups whose options differ in shape (stage, drafter, k_policy) take their schema from a defaults
+entry in each option's YAML (``- /schema/stage/speed@_here_``); a user's own option file may do the same.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A config value outside what is allowed; its message is one line naming key, value and the allowed."""
+
+
+@dataclass
+class MlflowConf:
+    enabled: bool = True
+    tracking_uri: str = "sqlite:///mlflow.db"
+    experiment: str = "speclab"
+
+
+@dataclass
+class PairConf:
+    name: str = MISSING
+    target: str = MISSING
+    draft: str = MISSING
+    dtype: str = "float32"
+
+
+@dataclass
+class PromptsConf:
+    file: str = "default.yaml"
+    kinds: list[str] = field(default_factory=lambda: ["prose", "code", "structured"])
+    per_kind: int = 0
+
+
+@dataclass
+class SamplingConf:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class ModelDrafterConf:
+    name: str = "model"
+
+
+@dataclass
+class PromptLookupConf:
+    name: str = "prompt_lookup"
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+
+@dataclass
+class FixedKConf:
+    name: str = "fixed"
+
+
+@dataclass
+class HeuristicKConf:
+    name: str = "heuristic"
+    k_min: int = 1
+    k_max: int = 10
+
+
+@dataclass
+class CostModelKConf:
+    name: str = "cost_model"
+    k_min: int = 1
+    k_max: int = 10
+    decay: float = 0.7
+    alpha0: float = 0.6
+    prior_weight: float = 2.0
+    c_draft: Optional[float] = None
+    c_verify: Optional[float] = None
+
+
+@dataclass
+class StageBase:
+    name: str = MISSING
+    parts: list[str] = MISSING
+
+
+@dataclass
+class TimingStage(StageBase):
+    pass_lengths: list[int] = field(default_factory=lambda: list(range(1, 10)))
+    repeats: int = 20
+    warmup: int = 3
+    prompts_to_time: int = 1
+
+
+@dataclass
+class AcceptanceStage(StageBase):
+    ks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SpeedStage(AcceptanceStage):
+    rounds: int = 1
+    peer: bool = False
+    k_policies: list[str] = field(default_factory=list)
+    timing_repeats: int = 10
+    timing_warmup: int = 2
+
+
+@dataclass
+class DivergenceStage(AcceptanceStage):
+    rounds: int = 1
+    tie_ulps: int = 4
+
+
+@dataclass
+class DistributionStage(StageBase):
+    draws: int = 200000
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    top_tokens: int = 60
+    alpha_level: float = 0.01
+    no_power_acceptance: float = 0.98
+    contexts: str = "prompt"
+    contexts_per_prompt: int = 2
+    power_sims: int = 200
+    hf_conformance: bool = False
+    hf_contexts: int = 1
+    hf_runs: int = 2000
+
+
+@dataclass
+class AllStage(SpeedStage, TimingStage, DistributionStage):
+    acceptance_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    tie_ulps: int = 4
+
+
+@dataclass
+class SpeclabConf:
+    pair: PairConf = MISSING
+    prompts: PromptsConf = MISSING
+    sampling: SamplingConf = MISSING
+    stage: Any = MISSING
+    drafter: Any = MISSING
+    k_policy: Any = MISSING
+    mlflow: MlflowConf = field(default_factory=MlflowConf)
+    device: str = "auto"
+    seed: int = 0
+    k: int = 4
+    max_new_tokens: int = 48
+    round: int = 0
+    rotation: int = 0
+    threads: int = 0
+    force: bool = False
+    campaign: str = "scratch"
+    outputs_dir: str = MISSING
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="speclab_schema", node=SpeclabConf)
+    for group, options in {
+        "stage": {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage,
+                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage,
+                  "quick": SpeedStage},
+        "drafter": {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf},
+        "k_policy": {"fixed": FixedKConf, "heuristic": HeuristicKConf, "cost_model": CostModelKConf},
+    }.items():
+        for name, node in options.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+# ---- range and choice checks (run before any model loads) --------------------------------------
+
+Check = tuple[Callable[[Any], bool], str]
+
+
+def _int_at_least(n: int) -> Check:
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= n), f"an integer >= {n}"
+
+
+def _ints_at_least(n: int, nonempty: bool = False) -> Check:
+    what = f"a {'non-empty ' if nonempty else ''}list of integers >= {n}, e.g. [1,2,4]"
+    return (lambda v: isinstance(v, (list, ListConfig)) and (len(v) > 0 or not nonempty)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= n for x in v)), what
+
+
+def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Check:
+    def ok(v: Any) -> bool:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+            return False
+        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    return ok, f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+
+def _one_of(*choices: str) -> Check:
+    return (lambda v: v in choices), f"one of {list(choices)}"
+
+
+def _subset_of(*choices: str) -> Check:
+    return (lambda v: isinstance(v, (list, ListConfig)) and all(x in choices for x in v)), \
+        f"a list drawn from {list(choices)}"
+
+
+def _positive_or_null() -> Check:
+    return (lambda v: v is None or (isinstance(v, (int, float)) and v > 0)), "null (measure it) or a number > 0"
+
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+
+CHECKS: dict[str, Check] = {
+    "k": _int_at_least(1),
+    "max_new_tokens": _int_at_least(1),
+    "seed": _int_at_least(0),
+    "round": _int_at_least(0),
+    "rotation": _int_at_least(0),
+    "threads": (_int_at_least(0)[0], "an integer >= 0 (0 keeps torch's default)"),
+    "device": (lambda v: bool(DEVICE.match(str(v))), "one of auto, cpu, cuda, cuda:N, mps"),
+    "campaign": (lambda v: bool(NAME.match(str(v))),
+                 "a name of letters, digits, '_', '.', '-' (up to 64 characters, no '/')"),
+    "mlflow.experiment": (lambda v: bool(str(v).strip()), "a non-empty experiment name"),
+    "mlflow.tracking_uri": (lambda v: bool(str(v).strip()), "a tracking URI such as sqlite:///mlflow.db"),
+    "pair.name": (lambda v: bool(NAME.match(str(v))), "a name of letters, digits, '_', '.', '-'"),
+    "pair.target": (lambda v: bool(str(v).strip()), "a model name, Hugging Face id or local folder"),
+    "pair.draft": (lambda v: bool(str(v).strip()), "a draft variant, model name, Hugging Face id or folder"),
+    "pair.dtype": _one_of("float32", "bfloat16", "float16"),
+    "prompts.file": (lambda v: bool(str(v).strip()), "a prompt file name or path"),
+    "prompts.kinds": (lambda v: isinstance(v, (list, ListConfig)) and len(v) > 0 and all(str(x).strip() for x in v),
+                      "a non-empty list of prompt kinds, e.g. [prose,code]"),
+    "prompts.per_kind": (_int_at_least(0)[0], "an integer >= 0 (0: every prompt of each kind)"),
+    "sampling.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k filter)"),
+    "sampling.top_p": _number_in(0, 1, lo_open=True),
+    "drafter.name": _one_of("model", "prompt_lookup"),
+    "drafter.max_ngram": _int_at_least(1),
+    "drafter.min_ngram": _int_at_least(1),
+    "k_policy.name": _one_of("fixed", "cost_model", "heuristic"),
+    "k_policy.k_min": _int_at_least(1),
+    "k_policy.k_max": _int_at_least(1),
+    "k_policy.decay": _number_in(0, 1, lo_open=True, hi_open=True),
+    "k_policy.alpha0": _number_in(0, 1, lo_open=True, hi_open=True),
+    "k_policy.prior_weight": _number_in(0, float("inf"), hi_open=True),
+    "k_policy.c_draft": _positive_or_null(),
+    "k_policy.c_verify": _positive_or_null(),
+    "stage.ks": _ints_at_least(1),
+    "stage.acceptance_ks": _ints_at_least(1, nonempty=True),
+    "stage.pass_lengths": _ints_at_least(1, nonempty=True),
+    "stage.repeats": _int_at_least(1),
+    "stage.warmup": _int_at_least(0),
+    "stage.prompts_to_time": _int_at_least(1),
+    "stage.rounds": _int_at_least(1),
+    "stage.k_policies": _subset_of("cost_model", "heuristic"),
+    "stage.timing_repeats": _int_at_least(1),
+    "stage.timing_warmup": _int_at_least(0),
+    "stage.tie_ulps": _int_at_least(0),
+    "stage.draws": _int_at_least(100),
+    "stage.seeds": _ints_at_least(0, nonempty=True),
+    "stage.top_tokens": _int_at_least(1),
+    "stage.alpha_level": _number_in(0, 1, lo_open=True, hi_open=True),
+    "stage.no_power_acceptance": _number_in(0, 1, lo_open=True),
+    "stage.contexts": _one_of("prompt", "max_tv"),
+    "stage.contexts_per_prompt": _int_at_least(1),
+    "stage.power_sims": _int_at_least(0),
+    "stage.hf_contexts": _int_at_least(1),
+    "stage.hf_runs": _int_at_least(1),
+}
+
+_ABSENT = object()
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def check_config(cfg: DictConfig, stages: tuple[str, ...]) -> None:
+    """Raise ConfigError (one line) for the first value outside its allowed range or choices."""
+    for key, (ok, allowed) in CHECKS.items():
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if value is not _ABSENT and not ok(value):
+            raise ConfigError(f"{key}={_plain(value)!r} is not allowed: use {allowed}")
+    parts = list(cfg.stage.parts)
+    unknown = [p for p in parts if p not in stages]
+    if not parts or unknown:
+        raise ConfigError(f"stage.parts={unknown or parts} is not allowed: use a non-empty list drawn from {list(stages)}")
+    for lo, hi in (("drafter.min_ngram", "drafter.max_ngram"), ("k_policy.k_min", "k_policy.k_max")):
+        a, b = OmegaConf.select(cfg, lo), OmegaConf.select(cfg, hi)
+        if a is not None and b is not None and a > b:
+            raise ConfigError(f"{lo}={a} with {hi}={b} is not allowed: use {lo} <= {hi}")
+    s = cfg.sampling
+    if s.do_sample and not (isinstance(s.temperature, (int, float)) and s.temperature > 0):
+        raise ConfigError(f"sampling.temperature={s.temperature!r} is not allowed when sampling: use a number > 0")
