@@ -170,8 +170,7 @@ def register() -> None:
     cs.store(name="speclab_schema", node=SpeclabConf)
     for group, options in {
         "stage": {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage,
-                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage,
-                  "quick": SpeedStage},
+                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage},
         "drafter": {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf},
         "k_policy": {"fixed": FixedKConf, "heuristic": HeuristicKConf, "cost_model": CostModelKConf},
     }.items():

@@ -32,5 +32,5 @@ def output_path(cfg: DictConfig, stage: str) -> Path:
 
 
 def run_identity(cfg: DictConfig, stage: str) -> dict[str, str]:
-    """The tags that identify a job's MLflow run."""
-    return {"stage": stage, "config_hash": config_hash(cfg), "campaign": str(cfg.campaign)}
+    """The tags that identify a job's MLflow run for one stage (its arms' child runs say level=arm)."""
+    return {"stage": stage, "config_hash": config_hash(cfg), "campaign": str(cfg.campaign), "level": "stage"}

@@ -8,6 +8,7 @@ MLflow run open from start to finish.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import shutil
 import signal
@@ -27,8 +28,10 @@ from pipeline.config_schema import check_config, register  # noqa: E402
 from pipeline.errors import error_line, precheck  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path, run_identity  # noqa: E402
 from pipeline.stages import STAGES  # noqa: E402
+from pipeline.tracking import PARENT_ENV, end_open_parent  # noqa: E402
 
 register()
+log = logging.getLogger("speclab")
 MIN_FREE_BYTES = 20 * 2**20
 
 
@@ -72,7 +75,23 @@ def _stage(part: str) -> ModuleType:
 
 
 def _run_name(cfg: DictConfig, part: str) -> str:
-    return f"{part}-{cfg.pair.name}-{config_hash(cfg)[:8]}"
+    """Readable and distinct in MLflow's run table: stage, k, kinds, round, pair (the hash is a tag)."""
+    from pipeline.stages.common import stage_ks
+
+    bits = [part]
+    if part in ("acceptance", "speed", "divergence"):
+        ks = stage_ks(cfg, "acceptance_ks" if part == "acceptance" else "ks")
+        bits.append(f"k{ks[0]}" if len(ks) == 1 else "k" + ",".join(map(str, ks)))
+    if cfg.drafter.name != "model":
+        bits.append(str(cfg.drafter.name))
+    if cfg.k_policy.name != "fixed":
+        bits.append(str(cfg.k_policy.name))
+    if cfg.sampling.do_sample:
+        bits.append(f"T{cfg.sampling.temperature:g}" + (f" p{cfg.sampling.top_p:g}" if cfg.sampling.top_p < 1 else ""))
+    bits.append("+".join(cfg.prompts.kinds) + (f"[{cfg.prompts.per_kind}]" if cfg.prompts.per_kind else ""))
+    bits.append(f"r{cfg.round}" + (f" rot{cfg.rotation}" if cfg.rotation else ""))
+    bits.append(str(cfg.pair.name))
+    return " ".join(bits)
 
 
 def write_result(rows, schema, path: Path, meta: dict) -> Path:
@@ -92,27 +111,71 @@ class Job:
     """One Hydra job: its stages, its tracker and (loaded at most once) its models."""
 
     def __init__(self, cfg: DictConfig) -> None:
-        from pipeline.tracking import Tracker, flatten, resolved_config
+        from pipeline.tracking import Tracker, resolved_config, run_params
 
         self.cfg = cfg
         self.parts, self.prompts = validate(cfg)
         self.tracker = Tracker.for_config(cfg)
-        self.params = flatten(cfg)
+        self.params = run_params(cfg)
         self.config = resolved_config(cfg)
+        self.records: list[dict] = []
         self._tags: dict[str, str] | None = None
+        self._parent: str | None = os.environ.get(PARENT_ENV)  # the multirun's run, when there is one
+        self._own_parent = False
 
     def tags(self) -> dict[str, str]:
         if self._tags is None:
-            from pipeline.tracking import environment_tags
+            from pipeline.tracking import environment_tags, hydra_tags, machine_tags
             from speclab.models import resolve_device
 
-            self._tags = environment_tags(str(resolve_device(str(self.cfg.device))), str(self.cfg.pair.dtype))
+            env = environment_tags(str(resolve_device(str(self.cfg.device))), str(self.cfg.pair.dtype))
+            commit = env.pop("git_commit")  # logged as MLflow's own source tag
+            self._tags = {**env, **machine_tags(), **hydra_tags(), "mlflow.source.git.commit": commit,
+                          "mlflow.source.name": "pipeline.run", "pair": str(self.cfg.pair.name),
+                          "prompts": ",".join(self.cfg.prompts.kinds)}
         return self._tags
+
+    def parent(self) -> str | None:
+        """The run the job's stage runs hang under: the multirun's, or (a single job) one opened for the job."""
+        if self._parent is None and self.tracker.enabled and not self._own_parent:
+            self._own_parent = True
+            name = f"job {self.cfg.stage.name} · {_run_name(self.cfg, self.cfg.stage.name).split(' ', 1)[1]}"
+            self._parent = self.tracker.start(name, {"stage": "job", "campaign": str(self.cfg.campaign)},
+                                              {**self.tags(), "level": "job"}, self.params)
+        return self._parent
+
+    def close(self, status: str) -> None:
+        if self._own_parent and self._parent:
+            if status == "FINISHED":
+                lines = [f"{r['stage']}: {r['status']} {r.get('headline', '')}" for r in self.records]
+                self.tracker.finish(self._parent, {}, description=lines)
+            else:
+                self.tracker.end(self._parent, status)
+        self._write_record(status)
+
+    def _write_record(self, status: str) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return
+        from pipeline.summary import write_job_record
+
+        hc = HydraConfig.get()
+        parts = self.records + [{"stage": p, "status": status.lower()} for p in self.parts
+                                if p not in {r["stage"] for r in self.records}]
+        write_job_record(Path(hc.runtime.output_dir), {"job": hc.job.get("num", 0),
+                                                       "overrides": " ".join(hc.overrides.task), "parts": parts})
 
     def provenance(self, part: str, started: str) -> dict:
         return {"stage": part, "campaign": str(self.cfg.campaign), "config_hash": config_hash(self.cfg),
-                "pair": str(self.cfg.pair.name), "git_commit": self.tags()["git_commit"], "started_at": started,
-                "finished_at": _now(), "overrides": _overrides()}
+                "pair": str(self.cfg.pair.name), "git_commit": self.tags()["mlflow.source.git.commit"],
+                "started_at": started, "finished_at": _now(), "overrides": _overrides()}
+
+    def _record(self, part: str, status: str, path: Path, metrics: dict | None = None) -> None:
+        from pipeline.summary import headline
+
+        self.records.append({"stage": part, "status": status, "file": str(path),
+                             "headline": headline(metrics) if metrics else ""})
 
     def pending(self) -> list[str]:
         """The stages still to compute; a complete file whose run is missing gets its run logged now."""
@@ -127,13 +190,21 @@ class Job:
                 continue
             problem = check_stage_file(path, _stage(part).SCHEMA, ident["config_hash"])
             if problem:
-                print(f"[{part}] {path} is not a finished result ({problem}): recomputing it")
+                log.info(f"[{part}] {path} is not a finished result ({problem}): recomputing it")
                 todo.append(part)
             elif not self.tracker.enabled or self.tracker.has_finished_run(ident):
-                print(f"[{part}] already complete for this config: {path} (force=true reruns it)")
+                log.info(f"[{part}] already complete for this config: {path} (force=true reruns it)")
+                self._record(part, "complete", path)
             else:
                 self.log_from_file(part, path)
         return todo
+
+    def _log_run(self, run_id: str | None, part: str, out, path: Path) -> bool:
+        """The stage run's metrics, files and description, and one child run per compared arm."""
+        ident, name = run_identity(self.cfg, part), _run_name(self.cfg, part)
+        self.tracker.log_arms(run_id, out.arms, ident, self.tags(),
+                              f"{part} {{arm}} r{self.cfg.round} {self.cfg.pair.name}")
+        return self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary)
 
     def log_from_file(self, part: str, path: Path) -> None:
         """The Parquet was written but its MLflow run never finished: log the run from the file."""
@@ -141,12 +212,15 @@ class Job:
 
         from pipeline.parquet import read_meta
 
-        metrics, _ = _stage(part).summarize(pd.read_parquet(path), self.cfg)
+        out = _stage(part).summarize(pd.read_parquet(path), self.cfg)
         meta = read_meta(path)
-        tags = {**self.tags(), "git_commit": str(meta.get("git_commit") or "unknown"), "logged_from_file": "true"}
-        run_id = self.tracker.start(_run_name(self.cfg, part), run_identity(self.cfg, part), tags, self.params)
-        if self.tracker.finish(run_id, metrics, [path], self.config):
-            print(f"[{part}] {path} was complete but had no finished MLflow run: logged it from the file")
+        tags = {**self.tags(), "mlflow.source.git.commit": str(meta.get("git_commit") or "unknown"),
+                "logged_from_file": "true"}
+        run_id = self.tracker.start(_run_name(self.cfg, part), run_identity(self.cfg, part), tags, self.params,
+                                    self.parent())
+        if self._log_run(run_id, part, out, path):
+            log.info(f"[{part}] {path} was complete but had no finished MLflow run: logged it from the file")
+        self._record(part, "logged from file", path, out.metrics)
 
     def compute(self, todo: list[str]) -> None:
         from pipeline.context import build_context
@@ -155,30 +229,43 @@ class Job:
         for part in todo:
             module, path = _stage(part), output_path(self.cfg, part)
             # The run opens before the work (the first one before the models load): its duration is the job's.
-            run_id = self.tracker.start(_run_name(self.cfg, part), run_identity(self.cfg, part), self.tags(),
-                                        self.params)
+            run_id = self.tracker.start(_run_name(self.cfg, part), run_identity(self.cfg, part),
+                                        self.tags(), self.params, self.parent())
             started = _now()
             try:
-                ctx = ctx or build_context(self.cfg, self.prompts)
+                if ctx is None:
+                    log.info(f"loading {self.cfg.pair.target} + draft {self.cfg.pair.draft} and "
+                             f"{len(self.prompts)} prompts")
+                    ctx = build_context(self.cfg, self.prompts)
+                log.info(f"[{part}] running: {_run_name(self.cfg, part)}")
                 out = module.run(ctx)
                 write_result(out.rows, module.SCHEMA, path, self.provenance(part, started))
-                logged = self.tracker.finish(run_id, out.metrics, [path], self.config)
+                logged = self._log_run(run_id, part, out, path)
             except KeyboardInterrupt:
                 self.tracker.end(run_id, "KILLED")
                 raise
             except BaseException:
                 self.tracker.end(run_id, "FAILED")
                 raise
-            print(f"[{part}] {self.cfg.pair.name}: wrote {path}" + ("" if logged else " (not logged to MLflow)"))
+            self._record(part, "computed", path, out.metrics)
+            log.info(f"[{part}] {self.cfg.pair.name}: wrote {path}" + ("" if logged else " (not logged to MLflow)"))
             for line in out.summary:
-                print(f"[{part}] {line}")
+                log.info(f"[{part}] {line}")
 
 
 def run_parts(cfg: DictConfig) -> None:
     job = Job(cfg)
-    todo = job.pending()
-    if todo:
-        job.compute(todo)
+    status = "FAILED"
+    try:
+        todo = job.pending()
+        if todo:
+            job.compute(todo)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        job.close(status)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -208,12 +295,17 @@ def cli() -> None:
     try:
         precheck(sys.argv[1:])
         main()
+    except KeyboardInterrupt:
+        end_open_parent("KILLED")
+        raise
     except Exception as err:  # noqa: BLE001 - sorted below: bad input is one line, a bug keeps its traceback
         line = None if full else error_line(err)
         if line is None:
             raise
         print(f"speclab: error: {line}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        end_open_parent("FAILED")  # a multirun that ended normally has closed its parent run already
 
 
 if __name__ == "__main__":

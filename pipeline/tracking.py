@@ -11,6 +11,7 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 # Bound MLflow's own HTTP retries (by default minutes against a dead server) unless the user chose.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # store creation and migrations are not news
 
 PACKAGES = ("torch", "transformers", "speclab", "mlflow", "hydra-core", "numpy", "scipy")
 PROBE_TIMEOUT_S = 3.0
@@ -129,6 +131,53 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# Config keys that say where or how a job ran, not what it measured: kept out of a run's params.
+NOISE_PARAMS = ("outputs_dir", "force", "threads", "mlflow.", "campaign")
+# Hydra groups whose chosen option names a run's setting (``prompts: smoke``, ``sweep: speed``).
+GROUPS = ("pair", "prompts", "stage", "sampling", "drafter", "k_policy", "sweep", "launcher")
+PARENT_ENV = "SPECLAB_PARENT_RUN"  # the multirun's run, for its jobs (also in launcher subprocesses)
+PARENT_URI_ENV = "SPECLAB_PARENT_URI"
+
+
+def run_params(cfg: DictConfig) -> dict[str, Any]:
+    return {k: v for k, v in flatten(cfg).items() if not k.startswith(NOISE_PARAMS)}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_tags() -> dict[str, str]:
+    """Where the numbers were measured: timings only compare within one machine and load."""
+    import psutil
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"host": platform.node(), "cpu_model": _cpu_model(), "cpu_count": str(os.cpu_count()),
+            "torch_threads": str(torch.get_num_threads()), "load_1m": f"{load[0]:.2f}",
+            "memory_gb": f"{psutil.virtual_memory().total / 2**30:.1f}"}
+
+
+def hydra_tags() -> dict[str, str]:
+    """The sweep, the overrides and the chosen option of each config group, when Hydra runs the job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    hc = HydraConfig.get()
+    choices = hc.runtime.choices
+    tags = {f"choice.{g}": str(choices[g]) for g in GROUPS if choices.get(g) is not None}
+    tags["sweep"] = str(choices.get("sweep") or "none")
+    tags["overrides"] = " ".join(hc.overrides.task)[:5000]
+    return tags
+
+
 @dataclass
 class Tracker:
     """The MLflow side of a job's runs. ``enabled`` is False when tracking is off or unreachable."""
@@ -187,14 +236,16 @@ class Tracker:
                 n += 1
         return n
 
-    def start(self, name: str, identity: dict[str, str], tags: dict[str, str], params: dict[str, Any]) -> str | None:
+    def start(self, name: str, identity: dict[str, str], tags: dict[str, str], params: dict[str, Any],
+              parent: str | None = None) -> str | None:
         """Open a RUNNING run now, so its duration is the job's; None when tracking is off."""
-        all_tags = {**tags, **identity, "speclab.pid": str(os.getpid()), "speclab.host": platform.node()}
+        all_tags = {**tags, **identity, "speclab.pid": str(os.getpid()), "speclab.host": platform.node(),
+                    **({"mlflow.parentRunId": parent} if parent else {})}
 
         def create(c):
-            run = c.create_run(self._experiment_id, run_name=name, tags=all_tags)
             from mlflow.entities import Param
 
+            run = c.create_run(self._experiment_id, run_name=name, tags=all_tags)
             items = [Param(k, ("" if v is None else str(v))[:500]) for k, v in params.items()]
             for i in range(0, len(items), 100):
                 c.log_batch(run.info.run_id, params=items[i:i + 100])
@@ -205,23 +256,27 @@ class Tracker:
             self._open[run_id] = identity.get("stage", "")
         return run_id
 
-    def finish(self, run_id: str | None, metrics: dict[str, float], artifacts: list[Path], config: dict) -> bool:
-        """Log metrics, the Parquet and the resolved config, then mark the run FINISHED."""
+    def finish(self, run_id: str | None, metrics: dict[str, float], artifacts: list[Path] = (),
+               config: dict | None = None, description: list[str] = (), table: Any = None) -> bool:
+        """Log metrics, artifacts, the resolved config and the description, then mark the run FINISHED."""
         if run_id is None:
             return False
 
         def log(c):
-            import time
-
             from mlflow.entities import Metric
 
             now = int(time.time() * 1000)
-            items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v]  # NaN is not loggable
+            items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and v == v]
             for i in range(0, len(items), 500):
                 c.log_batch(run_id, metrics=items[i:i + 500])
             for path in artifacts:
                 c.log_artifact(run_id, str(path))
-            c.log_dict(run_id, config, "config.yaml")
+            if config is not None:
+                c.log_dict(run_id, config, "config.yaml")
+            if table is not None:
+                c.log_table(run_id, data=table, artifact_file="summary.json")
+            if description:
+                c.set_tag(run_id, "mlflow.note.content", "\n".join(description)[:20000])
             c.set_terminated(run_id, "FINISHED")
             return True
 
@@ -229,6 +284,20 @@ class Tracker:
         if done:
             self._open.pop(run_id, None)
         return done
+
+    def log_arms(self, parent: str | None, arms: list, identity: dict[str, str], tags: dict[str, str],
+                 name_pattern: str) -> int:
+        """One finished child run per arm: the same metric names in every child, the arm's settings as params."""
+        if parent is None:
+            return 0
+        n = 0
+        for arm in arms:
+            # k and kind also as tags: the run table's search box filters on tags (tags.kind = 'code').
+            arm_tags = {**tags, **{key: str(arm.params[key]) for key in ("k", "kind") if key in arm.params}}
+            run_id = self.start(name_pattern.format(arm=arm.name), {**identity, "level": "arm"}, arm_tags, arm.params,
+                                parent)
+            n += self.finish(run_id, arm.metrics)
+        return n
 
     def end(self, run_id: str | None, status: str) -> None:
         """Close a run that did not finish (FAILED, KILLED): never leave it RUNNING."""
@@ -238,19 +307,58 @@ class Tracker:
 
 
 class CreateTrackingStore(Callback):
-    """Hydra callback: before a multirun launches its jobs, probe (and create) the MLflow store once."""
+    """Hydra callback: a multirun probes the store once, opens the parent run of its jobs, and ends
+    with one summary table of its jobs (printed, and logged on the parent run)."""
 
-    def __init__(self, uri: str, enabled: bool = True) -> None:
-        self.uri, self.enabled = uri, enabled
+    def __init__(self, uri: str, enabled: bool = True, experiment: str = "speclab") -> None:
+        self.uri, self.enabled, self.experiment = uri, enabled, experiment
+        self.tracker: Tracker | None = None
+        self.parent: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.enabled:
-            problem = tracking_problem(self.uri)
-            if problem:
-                _said.add(self.uri)
-                print(f"speclab: MLflow at {self.uri} is unreachable ({problem}): every job of this multirun "
-                      "writes Parquet only; rerun the sweep once it is back to log them", file=sys.stderr)
+        if not self.enabled:
+            return
+        problem = tracking_problem(self.uri)
+        if problem:
+            _said.add(self.uri)
+            print(f"speclab: MLflow at {self.uri} is unreachable ({problem}): every job of this multirun "
+                  "writes Parquet only; rerun the sweep once it is back to log them", file=sys.stderr)
+            return
+        self.tracker = Tracker(self.uri, self.experiment, True)
+        hc = config.hydra  # HydraConfig is not set yet when a multirun starts
+        sweep = str(hc.runtime.choices.get("sweep") or "multirun")
+        campaign = str(config.get("campaign", "scratch"))
+        name = f"sweep {sweep} · {campaign} · {time.strftime('%Y-%m-%d %H:%M')}"
+        tags = {"level": "sweep", "sweep": sweep, "campaign": campaign, "sweep_dir": str(hc.sweep.dir),
+                "overrides": " ".join(hc.overrides.task)[:5000], "mlflow.source.git.commit": git_commit(),
+                "mlflow.source.name": "pipeline.run", **machine_tags()}
+        self.parent = self.tracker.start(name, {"stage": "sweep", "campaign": campaign}, tags,
+                                         {"sweep": sweep, "overrides": " ".join(hc.overrides.task)})
+        if self.parent:
+            os.environ[PARENT_ENV], os.environ[PARENT_URI_ENV] = self.parent, self.uri
 
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from pipeline.summary import multirun_summary
+
+        table, lines = multirun_summary(Path(str(config.hydra.sweep.dir)), self.tracker, self.parent)
+        if self.tracker and self.parent:
+            self.tracker.finish(self.parent, {"jobs": float(len(table))}, description=lines, table=table)
+        os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(PARENT_URI_ENV, None)
+
+
+def end_open_parent(status: str) -> None:
+    """A multirun that died: its parent run must not stay RUNNING (called by the entry point)."""
+    parent, uri = os.environ.pop(PARENT_ENV, None), os.environ.pop(PARENT_URI_ENV, None)
+    if parent and uri and not _down.get(uri):
+        try:
+            import mlflow
+
+            client = mlflow.MlflowClient(uri)
+            if client.get_run(parent).info.status == "RUNNING":
+                client.set_terminated(parent, status)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
 
 
 def resolved_config(cfg: DictConfig) -> dict:

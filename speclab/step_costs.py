@@ -5,6 +5,7 @@ import statistics
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from speclab.cache import crop_to, forward_logits, new_cache
 from speclab.timing import Stopwatch
@@ -20,12 +21,12 @@ class PassTiming:
 
 
 def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: list[int],
-               repeats: int = 20, warmup: int = 3) -> list[PassTiming]:
+               repeats: int = 20, warmup: int = 3, progress: str | None = None) -> list[PassTiming]:
     """Median time of one forward pass over n new tokens on top of the prompt's cache, per n.
 
     The cache is cut back after every pass (outside the timed region), so every pass sees the
     same context length. Lengths are interleaved round by round so that slow drift of the
-    machine spreads over all of them instead of biasing one.
+    machine spreads over all of them instead of biasing one. ``progress``: a label for a progress bar.
     """
     if any(n < 1 for n in pass_lengths):
         raise ValueError(f"pass lengths {pass_lengths} are not allowed: each must be >= 1")
@@ -37,7 +38,8 @@ def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: l
     gen = torch.Generator(device="cpu").manual_seed(0)
     new = torch.randint(0, vocab, (1, max(pass_lengths)), generator=gen).to(device)
     samples: dict[int, list[float]] = {n: [] for n in pass_lengths}
-    for rep in range(warmup + repeats):
+    reps = range(warmup + repeats)
+    for rep in tqdm(reps, desc=progress, leave=False) if progress else reps:
         for n in pass_lengths:
             sw = Stopwatch(device)
             with sw:
@@ -71,9 +73,10 @@ class StepCosts:
 
 
 def step_costs(target: torch.nn.Module, draft: torch.nn.Module | None, prompt_ids: torch.Tensor, ks: list[int],
-               repeats: int = 10, warmup: int = 2) -> StepCosts:
+               repeats: int = 10, warmup: int = 2, progress: str | None = None) -> StepCosts:
     """Median target step, draft step and verification pass (k+1 new tokens) for each k, after the prompt."""
+    label = (lambda who: f"{progress}: {who}") if progress else (lambda who: None)
     t = {p.pass_len: p.median_s
-         for p in pass_times(target, prompt_ids, sorted({1, *(k + 1 for k in ks)}), repeats, warmup)}
-    d = pass_times(draft, prompt_ids, [1], repeats, warmup)[0].median_s if draft is not None else 0.0
+         for p in pass_times(target, prompt_ids, sorted({1, *(k + 1 for k in ks)}), repeats, warmup, label("target"))}
+    d = pass_times(draft, prompt_ids, [1], repeats, warmup, label("draft"))[0].median_s if draft is not None else 0.0
     return StepCosts(t[1], d, {k: t[k + 1] for k in ks})

@@ -1,4 +1,5 @@
 """Run hygiene: skip finished jobs, log a finished run, file results by campaign."""
+import logging
 import os
 import subprocess
 import sys
@@ -12,13 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = ("stage=acceptance", "max_new_tokens=6")
 
 
-def test_rerun_skips_finished_job_unless_forced(tmp_path, capsys):
+def test_rerun_skips_finished_job_unless_forced(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger='speclab')
     cfg = make_cfg(tmp_path, *FAST)
     run_parts(cfg)
     path = output_path(cfg, "acceptance")
     stamp = path.stat().st_mtime_ns
     run_parts(cfg)
-    assert "already complete" in capsys.readouterr().out
+    assert "already complete" in caplog.text
     assert path.stat().st_mtime_ns == stamp
     run_parts(make_cfg(tmp_path, *FAST, "force=true"))
     assert path.stat().st_mtime_ns != stamp
@@ -34,14 +36,15 @@ def test_run_is_logged_to_mlflow(tmp_path):
     cfg = make_cfg(tmp_path, *FAST, "mlflow.enabled=true", f"mlflow.tracking_uri={uri}")
     run_parts(cfg)
     client = mlflow.MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("speclab").experiment_id], "tags.stage = 'acceptance'")
+    runs = client.search_runs([client.get_experiment_by_name("speclab").experiment_id],
+                              "tags.stage = 'acceptance' and tags.level = 'stage'")
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.params["k"] == "4" and run.data.params["pair.name"] == "tiny_random"
-    assert 0 <= run.data.metrics["alpha.k4"] <= 1
+    assert 0 <= run.data.metrics["alpha"] <= 1
     tags = run.data.tags
-    assert tags["dtype"] == "float32" and tags["device"] == "cpu" and tags["git_commit"]
+    assert tags["dtype"] == "float32" and tags["device"] == "cpu" and tags["mlflow.source.git.commit"]
     assert tags["campaign"] == "scratch" and "version.torch" in tags
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert artifacts == {output_path(cfg, "acceptance").name, "config.yaml"}

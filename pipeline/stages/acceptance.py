@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
-from pipeline.stages import StageOutput
+from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, sampling_config, stage_ks
 from speclab.acceptance import alpha_hat
@@ -65,30 +65,38 @@ def run(ctx: StageContext) -> StageOutput:
                              "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
                              "new_tokens": it.new_tokens})
     df = pd.DataFrame(rows)
-    return StageOutput(df, *summarize(df, cfg))
+    return summarize(df, cfg)
 
 
-def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
-    """Headline metrics and summary lines of an acceptance result (also used to log a run from its file)."""
-    metrics, summary = {}, []
-    for k, at_k in df.groupby("k"):
-        a, tpp = alpha(at_k), at_k.new_tokens.mean()
-        metrics.update({f"alpha.k{k}": a, f"tokens_per_pass.k{k}": tpp,
-                        f"tokens_per_pass_formula.k{k}": expected_tokens_per_iteration(a, k),
-                        f"bonus_rate.k{k}": at_k[at_k.proposed == k].bonus.mean(),
-                        f"proposal_efficiency.k{k}": proposal_efficiency(at_k)})
-        summary.append(f"k={k}: pooled alpha {a:.3f} (accepted/checked; accepted/proposed "
-                       f"{proposal_efficiency(at_k):.3f}); tokens per target pass {tpp:.2f} measured, "
-                       f"{metrics[f'tokens_per_pass_formula.k{k}']:.2f} from the formula")
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
+    """Headline numbers of an acceptance result: per k and kind (child runs), and for the job."""
+    arms, summary = [], []
+    for (k, drafter, policy), at_k in df.groupby(["k", "drafter", "k_policy"], sort=True):
+        first = at_k.iloc[0]
+        for kind, sub in by_kind(at_k):
+            a = alpha(sub)
+            arms.append(ArmResult(
+                " ".join([f"k{k}", *([policy] if policy != "fixed" else []),
+                          *([drafter] if drafter != "model" else []), kind]),
+                {"k": int(k), "kind": kind, "drafter": drafter, "k_policy": policy,
+                 "do_sample": bool(first.do_sample), "temperature": float(first.temperature),
+                 "top_k": int(first.top_k), "top_p": float(first.top_p)},
+                {"alpha": a, "tokens_per_pass": sub.new_tokens.mean(),
+                 "tokens_per_pass_formula": expected_tokens_per_iteration(a, int(k)),
+                 "bonus_rate": sub[sub.proposed == k].bonus.mean(), "proposal_efficiency": proposal_efficiency(sub),
+                 "iterations": len(sub), "prompts": sub.prompt_id.nunique(),
+                 **{f"accept_pos{r.position}": r.conditional for r in position_acceptance(sub, int(k)).itertuples()}}))
+        pooled = arms[-1].metrics
+        summary.append(f"k={k}: pooled alpha {pooled['alpha']:.3f} (accepted/checked; accepted/proposed "
+                       f"{pooled['proposal_efficiency']:.3f}); tokens per target pass {pooled['tokens_per_pass']:.2f} "
+                       f"measured, {pooled['tokens_per_pass_formula']:.2f} from the formula")
         for kind, sub in at_k.groupby("kind", sort=False):
-            metrics[f"alpha.k{k}.{kind}"] = alpha(sub)
-            metrics[f"tokens_per_pass.k{k}.{kind}"] = sub.new_tokens.mean()
             per_prompt = ", ".join(f"{pid} {alpha(s):.2f}" for pid, s in sub.groupby("prompt_id", sort=False))
             summary.append(f"  {kind:10s} alpha {alpha(sub):.3f} (per prompt: {per_prompt})")
-        pos = position_acceptance(at_k, k)
-        for r in pos.itertuples():
-            metrics[f"position{r.position}.conditional.k{k}"] = r.conditional
-            metrics[f"position{r.position}.cumulative.k{k}"] = r.cumulative
+        pos = position_acceptance(at_k, int(k))
         summary.append("  by draft position (conditional / cumulative; the bonus token is not a position): "
                        + ", ".join(f"{r.position}: {r.conditional:.2f}/{r.cumulative:.2f}" for r in pos.itertuples()))
-    return metrics, summary
+    jobs_alpha = alpha(df)
+    metrics = {"alpha_all_k": jobs_alpha, "iterations": len(df), **single_arm_metrics(
+        [a for a in arms if a.params["kind"] == "all"] or arms)}
+    return StageOutput(df, metrics, summary, arms)

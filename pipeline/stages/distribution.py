@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
-from pipeline.stages import StageOutput
+from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, sampling_config
 from speclab.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution
 from speclab.contexts import Context, max_tv_contexts, prompt_context
@@ -107,22 +107,23 @@ def run(ctx: StageContext) -> StageOutput:
                        min(hf_power.values()))
                 hf_done += 1
     df = pd.DataFrame(rows)
-    return StageOutput(df, *summarize(df, cfg))
+    return summarize(df, cfg)
 
 
-def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """Headline metrics and summary lines of a distribution result (also used to log a run from its file)."""
     st = cfg.stage
     level = float(st.alpha_level)
     n = int(st.draws)
-    metrics, summary = {}, []
+    metrics, summary, arms = {}, [], []
     powered = df[~df.no_power]
     for rule in [*SAMPLING_RULES, HF_RULE]:
         sub = powered[powered.rule == rule]
         if not len(sub):
             continue
-        metrics[f"rejection_rate.{rule}"] = sub.rejected.mean()
-        metrics[f"mean_power.{rule}"] = sub.power.mean()
+        arms.append(ArmResult(f"rule {rule}", {"rule": rule, "contexts": str(st.get("contexts", "prompt"))},
+                              {"rejection_rate": sub.rejected.mean(), "mean_power": sub.power.mean(),
+                               "tests": len(sub), "min_pvalue": sub.pvalue.min()}))
         summary.append(f"  rule {rule:22s} rejected at p<{level} in {int(sub.rejected.sum())} of {len(sub)} tests "
                        f"with power (min p-value {sub.pvalue.min():.3g}; mean power vs wrong rules {sub.power.mean():.2f})")
     metrics["no_power_contexts"] = int(df[df.rule == "correct"].drop_duplicates(["prompt_id", "context_position"])
@@ -131,4 +132,4 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list
                       f"contexts ({st.get('contexts', 'prompt')}) x {len(st.seeds)} seeds x {n} draws; "
                       f"{metrics['no_power_contexts']} contexts have no power (expected acceptance > "
                       f"{st.no_power_acceptance}); TV(p, q) {df.total_variation.min():.2f}..{df.total_variation.max():.2f}")
-    return metrics, summary
+    return StageOutput(df, metrics, summary, arms)

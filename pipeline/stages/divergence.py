@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
-from pipeline.stages import StageOutput
+from pipeline.stages import ArmResult, StageOutput
 from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import IDENTITY_FIELDS, identity, stage_ks
 from speclab.divergence import classify, first_difference, recompute_logits
@@ -62,10 +62,10 @@ def run(ctx: StageContext) -> StageOutput:
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "round": int(cfg.round) + r, **analyse(ctx, ids, plain, spec, k)})
     df = pd.DataFrame(rows, columns=SCHEMA.names)
-    return StageOutput(df, *summarize(df, cfg))
+    return summarize(df, cfg)
 
 
-def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """Headline metrics and summary lines of a divergence result (also used to log a run from its file)."""
     ks = sorted(int(k) for k in df.k.unique())
     diverged = df[~df.identical.astype(bool)]
@@ -78,4 +78,11 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list
         summary.append(f"  {row.prompt_id} k={row.k} token {row.position}: plain {row.plain_text!r} vs speculative "
                        f"{row.spec_text!r}, gap {row.max_gap:.4g} = {row.gap_ulps:.1f} ulp at top logit "
                        f"{row.top_logit:.2f} -> {row.classification}")
-    return metrics, summary
+    arms = []
+    for k, sub in df.groupby("k", sort=True):
+        div = sub[~sub.identical.astype(bool)]
+        arms.append(ArmResult(f"k{k}", {"k": int(k), "kind": "all"},
+                              {"runs": len(sub), "identical_share": sub.identical.astype(bool).mean(),
+                               "divergences": len(div), "near_ties": int((div.classification == "near_tie").sum()),
+                               "bugs": int((div.classification == "bug").sum())}))
+    return StageOutput(df, metrics, summary, arms)

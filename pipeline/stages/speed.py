@@ -5,13 +5,15 @@ them and detect drift; each speculative run also records its per-iteration time 
 """
 from __future__ import annotations
 
+import logging
+
 import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
-from pipeline.stages import StageOutput
+from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import (
     IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, memory_columns, sampling_config, stage_ks,
@@ -20,6 +22,7 @@ from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
 from speclab.step_costs import step_costs
 
+log = logging.getLogger(__name__)
 STEP_FIELDS = [f"{name}_{when}_s" for when in ("before", "after") for name in ("target_step", "draft_step", "verify")]
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("round", "int32"), ("rotation", "int32"), ("block", "int32"), ("prompt_id", "string"), ("kind", "string"),
@@ -33,11 +36,11 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
 ] + [(f, "float64") for f in STEP_FIELDS] + MEMORY_FIELDS)
 
 
-def step_times(ctx: StageContext, ks: list[int]) -> tuple[float, float, dict[int, float]]:
+def step_times(ctx: StageContext, ks: list[int], progress: str | None = None) -> tuple[float, float, dict[int, float]]:
     """Target step, draft step and the verification pass (k+1 new tokens) per k, on the first prompt."""
     st = ctx.cfg.stage
     ids = ctx.inputs[ctx.prompts[0].id]
-    c = step_costs(ctx.pair.target, ctx.pair.draft, ids, ks, int(st.timing_repeats), int(st.timing_warmup))
+    c = step_costs(ctx.pair.target, ctx.pair.draft, ids, ks, int(st.timing_repeats), int(st.timing_warmup), progress)
     return c.target_step_s, c.draft_step_s, c.verify_s
 
 
@@ -88,10 +91,12 @@ def run(ctx: StageContext) -> StageOutput:
     names = arms(ctx, ks)
     gen = generator(ctx)
     ctx.costs()  # measured before the runs when an adaptive policy needs them
-    for arm in names[:2]:  # warm-up
+    log.info("speed: warm-up (plain and the first speculative arm on one prompt)")
+    for arm in tqdm(names[:2], desc="speed warm-up", leave=False):
         run_arm(ctx, arm, ctx.inputs[ctx.prompts[0].id], gen)
     arm_ks = sorted({k for _, k, _ in names if k})
-    before = step_times(ctx, arm_ks)
+    log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
+    before = step_times(ctx, arm_ks, "step times before")
     rows, block = [], 0
     for r in range(int(st.rounds)):
         for prompt in tqdm(ctx.prompts, desc=f"speed k={ks} round {r}", leave=False):
@@ -117,43 +122,58 @@ def run(ctx: StageContext) -> StageOutput:
                              "ratio_to_adjacent_plain": tps / plain_tps,
                              "identical_to_plain": toks == plain_tokens, **extra, **mem})
             block += 1
-    after = step_times(ctx, arm_ks)
+    log.info("speed: step and pass times after the runs (drift check)")
+    after = step_times(ctx, arm_ks, "step times after")
     df = pd.DataFrame(rows)
     for when, (t_step, d_step, verify) in (("before", before), ("after", after)):
         df[f"target_step_{when}_s"] = t_step
         df[f"draft_step_{when}_s"] = d_step
         df[f"verify_{when}_s"] = df.k.map(verify).astype(float)  # NaN for plain rows
-    return StageOutput(df, *summarize(df, cfg))
+    return summarize(df, cfg)
 
 
-def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
-    """Headline metrics and summary lines of a speed result (also used to log a run from its file)."""
+def _arm_name(method: str, k: int, policy: str, drafter: str, kind: str) -> str:
+    return " ".join([method, f"k{k}", *([policy] if policy != "fixed" else []),
+                     *([drafter] if drafter not in ("model", "none") else []), kind])
+
+
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
+    """Headline numbers of a speed result: per arm and kind (child runs), and for the job."""
     first = df.iloc[0]
     before = (first.target_step_before_s, first.draft_step_before_s)
     after = (first.target_step_after_s, first.draft_step_after_s)
-    spec = df[df.arm == "speculative"]
-    metrics = {"plain_tokens_per_s_median": df[df.arm == "plain"].tokens_per_s.median(),
-               "identical_share": spec.identical_to_plain.mean(),
-               "drift_target_step_ratio": after[0] / before[0],
+    plain, spec = df[df.arm == "plain"], df[df.arm == "speculative"]
+    arms = []
+    for (method, k, policy, drafter), sub in df[df.arm != "plain"].groupby(["arm", "k", "k_policy", "drafter"],
+                                                                           sort=False):
+        for kind, s in by_kind(sub):
+            ratio = s.ratio_to_adjacent_plain
+            arms.append(ArmResult(
+                _arm_name(method, int(k), policy, drafter, kind),
+                {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
+                 "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
+                 "top_p": float(s.top_p.iloc[0])},
+                {"speedup": ratio.median(), "speedup_q25": ratio.quantile(0.25), "speedup_q75": ratio.quantile(0.75),
+                 "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
+                 "spec_tokens_per_s": s.tokens_per_s.median(),
+                 "plain_tokens_per_s": plain[plain.block.isin(s.block)].tokens_per_s.median(),
+                 **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
+                    for part in ("draft", "verify", "rollback", "bookkeeping")},
+                 "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s)}))
+    drift = max(max(a / b, b / a) for a, b in zip(after, before))
+    metrics = {"plain_tokens_per_s": plain.tokens_per_s.median(), "identical_share": spec.identical_to_plain.mean(),
+               "drift_ratio": drift,
                "target_step_before_ms": 1e3 * before[0], "target_step_after_ms": 1e3 * after[0],
-               "draft_step_before_ms": 1e3 * before[1], "draft_step_after_ms": 1e3 * after[1]}
-    summary = [f"plain {metrics['plain_tokens_per_s_median']:.1f} tok/s (median); speculative outputs identical "
+               "draft_step_before_ms": 1e3 * before[1], "draft_step_after_ms": 1e3 * after[1],
+               **single_arm_metrics([a for a in arms if a.params["kind"] == "all"] or arms)}
+    summary = [f"plain {metrics['plain_tokens_per_s']:.1f} tok/s (median); speculative outputs identical "
                f"to the adjacent plain run in {int(spec.identical_to_plain.sum())} of {len(spec)} runs",
                f"step times before/after: target {1e3 * before[0]:.1f}/{1e3 * after[0]:.1f} ms, "
-               f"draft {1e3 * before[1]:.1f}/{1e3 * after[1]:.1f} ms"]
-    for (method, k, policy), sub in df[df.arm != "plain"].groupby(["arm", "k", "k_policy"], sort=False):
-        key = f"{method}.k{k}" + ("" if policy == "fixed" else f".{policy}")
-        metrics[f"speedup_median.{key}"] = sub.ratio_to_adjacent_plain.median()
-        per_kind = ", ".join(f"{kind} {s.ratio_to_adjacent_plain.median():.2f} (alpha {s.acceptance_rate.mean():.2f})"
-                             for kind, s in sub.groupby("kind", sort=False))
-        for kind, s in sub.groupby("kind", sort=False):
-            metrics[f"speedup_median.{key}.{kind}"] = s.ratio_to_adjacent_plain.median()
-        for part in ("draft", "verify", "rollback", "bookkeeping"):
-            metrics[f"{part}_ms_per_iter.{key}"] = 1e3 * sub[f"{part}_s_per_iter"].mean()
-        summary.append(f"{method} k={k}" + ("" if policy == "fixed" else f" ({policy}, mean k {sub.mean_k.mean():.1f})")
-                       + f" [{sub.drafter.iloc[0]} drafter]: speed-up over adjacent plain {sub.ratio_to_adjacent_plain.median():.2f} "
-                       f"[{per_kind}]; per iteration draft {metrics[f'draft_ms_per_iter.{key}']:.1f} ms, verify "
-                       f"{metrics[f'verify_ms_per_iter.{key}']:.1f} ms, rollback "
-                       f"{metrics[f'rollback_ms_per_iter.{key}']:.2f} ms, bookkeeping "
-                       f"{metrics[f'bookkeeping_ms_per_iter.{key}']:.2f} ms")
-    return metrics, summary
+               f"draft {1e3 * before[1]:.1f}/{1e3 * after[1]:.1f} ms (drift x{drift:.2f})"]
+    for arm in arms:
+        m = arm.metrics
+        summary.append(f"{arm.name}: speed-up {m['speedup']:.2f} (IQR {m['speedup_q25']:.2f}-{m['speedup_q75']:.2f}), "
+                       f"alpha {m['alpha']:.2f}, {m['spec_tokens_per_s']:.1f} vs {m['plain_tokens_per_s']:.1f} tok/s; "
+                       f"per iteration draft {m['draft_ms_per_iter']:.1f} ms, verify {m['verify_ms_per_iter']:.1f} ms, "
+                       f"rollback {m['rollback_ms_per_iter']:.2f} ms, bookkeeping {m['bookkeeping_ms_per_iter']:.2f} ms")
+    return StageOutput(df, metrics, summary, arms)

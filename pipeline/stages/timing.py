@@ -31,10 +31,10 @@ def run(ctx: StageContext) -> StageOutput:
                              "median_s": t.median_s, "q25_s": t.q25_s, "q75_s": t.q75_s,
                              "samples": t.samples, **mem})
     df = pd.DataFrame(rows)
-    return StageOutput(df, *summarize(df, ctx.cfg))
+    return summarize(df, ctx.cfg)
 
 
-def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """Headline metrics and summary lines of a timing result (also used to log a run from its file)."""
     lengths = sorted(int(n) for n in df.pass_len.unique())
     med = df.groupby(["model", "pass_len"]).median_s.median()
@@ -48,4 +48,4 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list
                + ", ".join(f"{n}: {metrics[f'c_verify_n{n}']:.2f}" for n in lengths)]
     if not df.memory_trusted.all():
         summary.append(f"WARNING: memory placement not trusted: {df.memory_reason[~df.memory_trusted].iloc[0]}")
-    return metrics, summary
+    return StageOutput(df, metrics, summary)

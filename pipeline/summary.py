@@ -1,0 +1,51 @@
+"""What a job reports when it ends, and the one table a multirun ends with."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+RECORD = "speclab_job.json"  # written by each job into its Hydra output folder
+# The numbers a summary row shows, in order of preference, when the stage logged them.
+HEADLINE = ("speedup", "alpha", "identical_share", "c_draft", "plain_tokens_per_s", "alpha_all_k", "no_power_contexts")
+
+
+def headline(metrics: dict[str, float], n: int = 2) -> str:
+    picked = [(k, metrics[k]) for k in HEADLINE if k in metrics and metrics[k] == metrics[k]][:n]
+    return ", ".join(f"{k} {v:.3g}" for k, v in picked)
+
+
+def write_job_record(folder: Path, record: dict[str, Any]) -> None:
+    from pipeline.files import atomic_write_text
+
+    atomic_write_text(folder / RECORD, json.dumps(record, indent=1, default=str))
+
+
+def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Read every job's record under ``sweep_dir``, log one table across the jobs and where to see them."""
+    rows = []
+    for path in sorted(sweep_dir.glob(f"*/{RECORD}"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
+        record = json.loads(path.read_text())
+        for part in record.get("parts", []):
+            rows.append({"job": record.get("job"), "stage": part["stage"], "status": part["status"],
+                         "overrides": record.get("overrides", ""), "headline": part.get("headline", ""),
+                         "file": part.get("file", "")})
+    table = pd.DataFrame(rows, columns=["job", "stage", "status", "overrides", "headline", "file"])
+    # The overrides every job shares say nothing about a row: keep what the sweep varied.
+    common = set.intersection(*(set(o.split()) for o in table.overrides)) if len(table) else set()
+    table["overrides"] = [" ".join(t for t in o.split() if t not in common) for o in table.overrides]
+    lines = [f"multirun of {table.job.nunique()} jobs in {sweep_dir}:"]
+    if len(table):
+        lines += table.drop(columns=["file"]).to_markdown(index=False).splitlines()
+        counts = table.status.value_counts().to_dict()
+        lines.append("status: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    if tracker is not None and parent is not None:
+        lines.append(f"MLflow: experiment {tracker.experiment!r} at {tracker.uri}, parent run {parent} (its child runs "
+                     "are the jobs; a speed job's children are its arms). Browse with "
+                     "`MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --workers 1` and open the parent run.")
+    else:
+        lines.append("MLflow: not logged (tracking off or unreachable); the Parquet files above hold the results")
+    print("\n".join(lines), flush=True)  # the multirun's closing report, after Hydra's own lines
+    return table, lines
