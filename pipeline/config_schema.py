@@ -66,6 +66,14 @@ class PromptLookupConf:
 
 
 @dataclass
+class HybridConf:
+    name: str = "hybrid"
+    max_ngram: int = 3
+    min_ngram: int = 1
+    min_match: int = 1
+
+
+@dataclass
 class FixedKConf:
     name: str = "fixed"
 
@@ -171,7 +179,7 @@ def register() -> None:
     for group, options in {
         "stage": {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage,
                   "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage},
-        "drafter": {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf},
+        "drafter": {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf, "hybrid": HybridConf},
         "k_policy": {"fixed": FixedKConf, "heuristic": HeuristicKConf, "cost_model": CostModelKConf},
     }.items():
         for name, node in options.items():
@@ -239,7 +247,8 @@ CHECKS: dict[str, Check] = {
     "prompts.per_kind": (_int_at_least(0)[0], "an integer >= 0 (0: every prompt of each kind)"),
     "sampling.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k filter)"),
     "sampling.top_p": _number_in(0, 1, lo_open=True),
-    "drafter.name": _one_of("model", "prompt_lookup"),
+    "drafter.name": _one_of("model", "prompt_lookup", "hybrid"),
+    "drafter.min_match": _int_at_least(1),
     "drafter.max_ngram": _int_at_least(1),
     "drafter.min_ngram": _int_at_least(1),
     "k_policy.name": _one_of("fixed", "cost_model", "heuristic"),

@@ -4,11 +4,11 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from pipeline.context import StageContext
-from speclab.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from speclab.drafters import Drafter, HybridDrafter, ModelDrafter, PromptLookupDrafter
 from speclab.k_policy import CostModelK, FixedK, HeuristicK, KPolicy
 from speclab.step_costs import step_costs
 
-DRAFTERS = ("model", "prompt_lookup")
+DRAFTERS = ("model", "prompt_lookup", "hybrid")
 K_POLICIES = ("fixed", "cost_model", "heuristic")
 
 
@@ -19,6 +19,9 @@ def make_drafter(ctx: StageContext, name: str | None = None) -> Drafter:
         return ModelDrafter(ctx.pair.draft)
     if name == "prompt_lookup":
         return PromptLookupDrafter(int(d.get("max_ngram", 3)), int(d.get("min_ngram", 1)))
+    if name == "hybrid":
+        return HybridDrafter(ctx.pair.draft, int(d.get("max_ngram", 3)), int(d.get("min_ngram", 1)),
+                             int(d.get("min_match", 1)))
     raise ValueError(f"unknown drafter {name!r}: allowed are {list(DRAFTERS)}")
 
 

@@ -100,3 +100,38 @@ def lookup_continuation(seq: torch.Tensor, k: int, max_ngram: int = 3, min_ngram
             start = int(hits[-1]) + n  # the most recent occurrence
             return seq[start: min(start + k, length)]
     return seq.new_empty(0)
+
+
+class HybridDrafter:
+    """Prompt lookup when the current n-gram has an earlier match (free proposals), the draft model otherwise.
+
+    The draft model's cache catches up lazily: while lookup proposes, the model sees nothing; the next
+    time it drafts, it first runs every token it has not seen in one pass (``ModelDrafter`` feeds
+    ``ids[seen:length]``), so no model step is spent on text that lookup already covered. Exactness
+    needs nothing special: lookup proposals are point masses (the loop builds q for them), and the
+    target's check and rollback are the same whichever drafter proposed.
+    """
+
+    def __init__(self, model: torch.nn.Module, max_ngram: int = 3, min_ngram: int = 1, min_match: int = 1) -> None:
+        if min_match < 1:
+            raise ValueError(f"min_match={min_match} is not allowed: use an integer >= 1")
+        self.lookup = PromptLookupDrafter(max_ngram, min_ngram)
+        self.model = ModelDrafter(model)
+        self.min_match = min_match
+        self.lookup_iterations = self.model_iterations = 0
+
+    def start(self, ids: torch.Tensor, n_ctx: int) -> None:
+        self.model.start(ids, n_ctx)
+        self.lookup_iterations = self.model_iterations = 0
+
+    def propose(self, ids: torch.Tensor, length: int, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        found = lookup_continuation(ids[0, :length], k, self.lookup.max_ngram, self.lookup.min_ngram)
+        if found.numel() >= min(self.min_match, k):
+            self.lookup_iterations += 1
+            return found, None
+        self.model_iterations += 1
+        return self.model.propose(ids, length, k, sampling, generator)
+
+    def rollback(self, valid_length: int) -> None:
+        self.model.rollback(valid_length)

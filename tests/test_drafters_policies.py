@@ -110,3 +110,45 @@ def test_policy_bad_values():
         CostModelK(0.3, 1.0, decay=1.5)
     with pytest.raises(ValueError, match="start=0"):
         HeuristicK(k_start=0)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_hybrid_drafter_greedy_equals_plain_and_uses_both_sources(tiny_pair, prompt, k):
+    from speclab.drafters import HybridDrafter
+
+    target, _ = tiny_pair
+    noisy = draft_variant(target, "copy", torch.device("cpu"))
+    with torch.no_grad():  # a draft that is right often, not always: both sources get to propose and fail
+        for p in noisy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    ids = torch.tensor([prompt])
+    drafter = HybridDrafter(noisy)
+    spec = speculative_generate(target, drafter, ids, 40, k=k)
+    assert spec.tokens == plain_greedy(target, ids, 40).tokens
+    assert drafter.model_iterations > 0 and drafter.lookup_iterations > 0
+
+
+def test_hybrid_drafter_keeps_the_sampling_distribution():
+    """First-two-token joint of the whole loop against the exact joint by enumeration (as test_loop_sampling)."""
+    import numpy as np
+
+    from speclab.cache import forward_logits, new_cache
+    from speclab.drafters import HybridDrafter
+    from speclab.models import tiny_random_model
+    from speclab.sampling import SamplingConfig, logits_to_probs
+    from speclab.stats import chi_square
+
+    V, prompt, cfg = 8, torch.tensor([[3, 1, 3]]), SamplingConfig(do_sample=True)  # the final 3 recurs: lookup proposes
+    target, draft = tiny_random_model(V, seed=10, logit_scale=4.0), tiny_random_model(V, seed=11, logit_scale=4.0)
+    p1 = logits_to_probs(forward_logits(target, prompt, new_cache(target), 1)[-1], cfg)
+    joint = torch.stack([p1[t] * logits_to_probs(forward_logits(target, torch.cat([prompt, torch.tensor([[t]])], 1),
+                                                                 new_cache(target), 1)[-1], cfg) for t in range(V)])
+    g, counts, sources = torch.Generator().manual_seed(7), np.zeros(V * V), np.zeros(2)
+    for _ in range(1500):
+        d = HybridDrafter(draft)
+        out = speculative_generate(target, d, prompt, 3, k=2, sampling=cfg, generator=g).tokens
+        counts[out[0] * V + out[1]] += 1
+        sources += (d.lookup_iterations, d.model_iterations)
+    assert sources.min() > 0  # both sources proposed
+    assert chi_square(counts, joint.flatten().numpy()).pvalue > 0.001
