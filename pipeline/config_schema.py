@@ -120,6 +120,7 @@ class AcceptanceStage(StageBase):
 class SpeedStage(AcceptanceStage):
     rounds: int = 1
     peer: bool = False
+    peer_modes: list[str] = field(default_factory=lambda: ["matched"])
     k_policies: list[str] = field(default_factory=list)
     timing_repeats: int = 10
     timing_warmup: int = 2
@@ -267,6 +268,7 @@ CHECKS: dict[str, Check] = {
     "stage.prompts_to_time": _int_at_least(1),
     "stage.rounds": _int_at_least(1),
     "stage.k_policies": _subset_of("cost_model", "heuristic"),
+    "stage.peer_modes": _subset_of("matched", "default", "lookup"),
     "stage.timing_repeats": _int_at_least(1),
     "stage.timing_warmup": _int_at_least(0),
     "stage.tie_ulps": _int_at_least(0),

@@ -18,8 +18,14 @@ from pipeline.tracking import flatten
 VOLATILE = ("force", "mlflow.", "outputs_dir", "threads", "campaign")
 
 
+# Keys added after results were stored, at the value that reproduces the old behaviour: left out of
+# the hash, so a job that measures what it measured before keeps its identity (and its finished file).
+HASH_NEUTRAL = {"stage.peer_modes": ["matched"]}
+
+
 def config_hash(cfg: DictConfig) -> str:
-    flat = {k: v for k, v in flatten(cfg).items() if not k.startswith(VOLATILE)}
+    flat = {k: v for k, v in flatten(cfg).items()
+            if not k.startswith(VOLATILE) and not (k in HASH_NEUTRAL and v == HASH_NEUTRAL[k])}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -100,3 +100,13 @@ def test_distribution_stage_separates_rules(tmp_path):
     assert powered[powered.rule == "keep_draft"].rejected.all()
     assert ((df.total_variation >= 0) & (df.total_variation <= 1)).all()
     assert (df.expected_acceptance - (1 - df.total_variation)).abs().max() < 1e-6  # sum min(p,q) = 1 - TV
+
+
+def test_speed_stage_peer_arms_default_and_lookup(tmp_path):
+    df, _ = _run(tmp_path, speed, "stage=speed", "stage.peer=true", "stage.peer_modes=[matched,default,lookup]",
+                 "stage.timing_repeats=2", "stage.timing_warmup=0", "prompts.per_kind=1", "prompts.kinds=[code]")
+    arms = df.groupby("arm").agg(k=("k", "first"), drafter=("drafter", "first"), policy=("k_policy", "first"))
+    assert set(arms.index) == {"plain", "speculative", "hf_assisted", "hf_default", "hf_lookup"}
+    assert arms.loc["hf_default"].k == 0 and arms.loc["hf_default"].policy == "library_default"
+    assert arms.loc["hf_lookup"].drafter == "prompt_lookup" and arms.loc["hf_lookup"].k == 4
+    assert df[df.arm != "plain"].identical_to_plain.all()  # greedy: every peer mode reproduces plain greedy

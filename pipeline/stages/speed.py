@@ -57,6 +57,10 @@ def _breakdown(res: GenerationResult) -> dict[str, float]:
             "bookkeeping_s_per_iter": sum(i.bookkeeping_s for i in res.iterations) / n}
 
 
+# transformers' generate() as peer arms: matched to our loop (constant k, no threshold), with the
+# library's defaults, and its prompt lookup.
+PEER_ARMS = {"matched": "hf_assisted", "default": "hf_default", "lookup": "hf_lookup"}
+PEER_MODES_BY_ARM = {arm: mode for mode, arm in PEER_ARMS.items()}
 Arm = tuple[str, int, str]  # (method, k, k policy); k = 0 for plain, the starting k for adaptive policies
 
 
@@ -66,7 +70,10 @@ def arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
     out: list[Arm] = [("plain", 0, "none")] + [("speculative", k, default) for k in ks]
     out += [("speculative", int(ctx.cfg.k), str(p)) for p in ctx.cfg.stage.get("k_policies") or [] if p != default]
     if ctx.cfg.stage.peer:
-        out += [("hf_assisted", k, "fixed") for k in ks]
+        for mode in ctx.cfg.stage.get("peer_modes") or ["matched"]:
+            method = PEER_ARMS[mode]
+            # The library's default schedule picks its own number of proposals: k = 0 marks "not ours".
+            out += [(method, 0, "library_default")] if mode == "default" else [(method, k, "fixed") for k in ks]
     return out
 
 
@@ -80,8 +87,9 @@ def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, fl
         r = speculative_generate(pair.target, make_drafter(ctx), ids, n_new, k=make_policy(ctx, policy, k, ctx.costs()),
                                  sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
-    toks, wall = hf_generate(pair.target, ids, n_new, assistant=pair.draft, k=k, sampling=sampling,
-                             eos_token_id=pair.eos_token_id)
+    mode = PEER_MODES_BY_ARM[method]
+    toks, wall = hf_generate(pair.target, ids, n_new, assistant=None if mode == "lookup" else pair.draft, k=k,
+                             sampling=sampling, eos_token_id=pair.eos_token_id, mode=mode)
     return toks, wall, float("nan"), _breakdown(GenerationResult(toks, ids.shape[1], wall, float("nan")))
 
 
@@ -115,7 +123,8 @@ def run(ctx: StageContext) -> StageOutput:
                              "block": block, "prompt_id": prompt.id, "kind": prompt.kind, "arm": arm[0],
                              "position": order.index(arm), "k": arm[1], "k_policy": arm[2],
                              "drafter": "none" if arm[0] == "plain" else (
-                                 "model" if arm[0] == "hf_assisted" else str(cfg.drafter.name)),
+                                 "prompt_lookup" if arm[0] == "hf_lookup" else
+                                 "model" if arm[0] in PEER_MODES_BY_ARM else str(cfg.drafter.name)),
                              "do_sample": sampling.do_sample,
                              "temperature": sampling.temperature, "top_p": sampling.top_p,
                              "new_tokens": len(toks), "wall_s": wall, "prefill_s": prefill, "tokens_per_s": tps,
