@@ -11,8 +11,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import (load_params, published_campaign, read_stage, read_table, run_script, save_figure,
-                             save_table)
+from analysis.common import (load_params, published_campaign, read_stage, read_table, run_script, save_csv,
+                             save_figure, save_table)
 from analysis.inputs import AnalysisError
 from speclab.cost_model import break_even_alpha, predicted_speedup
 
@@ -73,26 +73,40 @@ def step_time_figure(timing: pd.DataFrame):
                  estimator="median", errorbar=None)
     ax.set(xlabel="new tokens in the pass", ylabel="pass time (ms, median)", ylim=(0, None),
            title="Step time vs pass length (after the prompt)")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
     return fig
 
 
-def map_figure(costs: pd.DataFrame, points: pd.DataFrame, pair: str, alpha_steps: int, k_max: int):
-    c = costs[costs.pair == pair]
-    cd = float(c.c_draft.iloc[0])
+def step_time_data(timing: pd.DataFrame) -> pd.DataFrame:
+    """Plot data for `dvc plots`: median pass time (ms) per pair, model and pass length (the figure's lines)."""
+    med = timing.groupby(["pair", "model", "pass_len"], sort=True).median_s.median().reset_index()
+    one_pair = med.pair.nunique() <= 1
+    return pd.DataFrame({"series": med.model if one_pair else med.pair + ": " + med.model, "pair": med.pair,
+                         "model": med.model, "pass_len": med.pass_len.astype(int), "ms": 1e3 * med.median_s})
+
+
+def map_figure(costs: pd.DataFrame, points: pd.DataFrame, pairs: list[str], alpha_steps: int, k_max: int):
+    """One panel per pair: predicted speed-up over (alpha, k), the break-even line, each kind's measured best k."""
+    fig, axes = plt.subplots(1, len(pairs), figsize=(7 * len(pairs), 4.8), squeeze=False)
     alphas = np.linspace(0, 1, alpha_steps)
     ks = np.arange(1, k_max + 1)
-    grid = np.array([[predicted_speedup(a, int(k), cd, c_verify_for(c, int(k))) for a in alphas] for k in ks])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", vmin=0, vmax=2, shading="nearest")
-    fig.colorbar(mesh, ax=ax, label="predicted speed-up")
-    be = [break_even_alpha(int(k), cd, c_verify_for(c, int(k))) for k in ks]
-    ax.plot(be, ks, "k-", lw=2, label="break-even alpha")
-    pts = points[(points.pair == pair) & (points.kind != "all")]
-    for kind, g in pts.groupby("kind"):
-        best = g.loc[g.measured.idxmax()]
-        ax.plot(best.alpha, best.k, "o", ms=9, mec="k", label=f"{kind}: measured x{best.measured:.2f} at best k")
-    ax.set(xlabel="acceptance rate alpha", ylabel="k", title=f"Predicted speed-up map, {pair} (c_draft={cd:.2f})")
-    ax.legend(fontsize=7, loc="upper left")
+    for ax, pair in zip(axes[0], pairs):
+        c = costs[costs.pair == pair]
+        cd = float(c.c_draft.iloc[0])
+        grid = np.array([[predicted_speedup(a, int(k), cd, c_verify_for(c, int(k))) for a in alphas] for k in ks])
+        mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", vmin=0, vmax=2, shading="nearest")
+        be = [break_even_alpha(int(k), cd, c_verify_for(c, int(k))) for k in ks]
+        ax.plot(be, ks, "k-", lw=2, label="break-even alpha (speed-up = 1)")
+        pts = points[(points.pair == pair) & (points.kind != "all")]
+        for kind, g in pts.groupby("kind"):
+            best = g.loc[g.measured.idxmax()]
+            ax.plot(best.alpha, best.k, "o", ms=9, mec="k", label=f"{kind}: measured x{best.measured:.2f} at best k")
+        ax.set(xlabel="acceptance rate alpha", ylabel="k (proposals per iteration)")
+        ax.set_title(f"Predicted speed-up map, {pair} (blue wins, red loses)\n"
+                     f"c_draft = draft step / target step = {cd:.2f}\n"
+                     "c_verify(k) = target pass over k+1 tokens / target step (measured)", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.16), ncol=2, frameon=False)
+        fig.colorbar(mesh, ax=ax, label="predicted speed-up over plain decoding")
     return fig
 
 
@@ -111,15 +125,19 @@ def main() -> None:
     costs = cost_ratios(timing)
     table = breakeven_table(costs, k_max)
     best = best_k_table(points, costs, k_max)
-    figures = {"step_time_vs_pass_length.png": step_time_figure(timing)}
-    for pair in sorted(set(costs.pair) & set(points.pair)):
-        figures[f"speedup_map_{pair}.png"] = map_figure(costs, points, pair, steps, k_max)
+    pairs = sorted(set(costs.pair) & set(points.pair))
+    if not pairs:
+        raise AnalysisError(f"no pair has both timing results and speed points in campaign {campaign!r}")
+    figures = {"step_time_vs_pass_length.png": step_time_figure(timing),
+               "speedup_map.png": map_figure(costs, points, pairs, steps, k_max)}
+    step_times = step_time_data(timing)
     # Everything is computed; only now are outputs replaced (each atomically).
     save_table(costs, out / "cost_ratios.parquet")
     save_table(table, out / "breakeven.parquet")
     save_table(best, out / "best_k.parquet")
     for name, fig in figures.items():
         save_figure(fig, figs / name)
+    save_csv(step_times, Path(params["metrics_dir"]) / "plots" / "step_time.csv")
     print(best.to_string(index=False))
 
 

@@ -1,6 +1,7 @@
-"""Reading stage outputs, parameters, and writing deterministic figures and tables."""
+"""Reading stage outputs, parameters, and writing deterministic figures, tables, metrics and plot data."""
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,12 +14,28 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
+from pandas.api.types import is_bool_dtype, is_numeric_dtype  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
 from pipeline.files import atomic_write  # noqa: E402
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
+    """The parameters as DVC sees them (``dvc.api.params_show()``: the workspace's params.yaml).
+
+    Outside a DVC repository (the tests run the scripts in a temporary folder holding only a
+    params.yaml) DVC has nothing to show, and the file is read directly.
+    """
+    if Path(path) == Path("params.yaml") and Path("dvc.yaml").is_file():
+        try:
+            import dvc.api
+
+            params = dvc.api.params_show(repo=".")
+            if params:
+                return params
+        except Exception:  # noqa: BLE001 - any DVC problem: the file itself says the same
+            pass
     return yaml.safe_load(Path(path).read_text())
 
 
@@ -62,16 +79,20 @@ def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
 
 def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: int = 0,
                  level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``stat`` (fixed seed: the same data give the same interval)."""
+    """Percentile bootstrap interval of ``stat`` (``scipy.stats.bootstrap``; fixed seed: same data, same interval).
+
+    ``stat`` must take an ``axis`` argument (``np.median``, ``np.mean``): the resamples are computed at once.
+    """
     values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
     if len(values) == 0:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(samples, len(values)))
-    stats = np.apply_along_axis(stat, 1, values[idx])
-    lo, hi = np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
+    if len(values) == 1 or np.all(values == values[0]):  # every resample is the same: no spread to estimate
+        v = float(stat(values))
+        return v, v
+    res = stats.bootstrap((values,), stat, n_resamples=samples, confidence_level=level, method="percentile",
+                          rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def read_table(analysis_dir: str | Path, name: str) -> pd.DataFrame:
@@ -112,15 +133,23 @@ def run_script(name: str, main: Callable[[], None]) -> None:
 
 
 def markdown_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
+    """A table as Markdown (``DataFrame.to_markdown``, i.e. tabulate's pipe format); missing values are blank.
+
+    Text columns are never parsed as numbers (a config hash like ``12345e67`` stays as written).
+    """
     if df.empty:
         return "_no rows_\n"
-    cols = list(df.columns)
+    text = [i for i, c in enumerate(df.columns) if is_bool_dtype(df[c]) or not is_numeric_dtype(df[c])]
+    shown = df.astype(object).where(df.notna(), None)
+    return shown.to_markdown(index=False, floatfmt=floatfmt, missingval="", disable_numparse=text) + "\n"
 
-    def fmt(v):
-        if isinstance(v, (float, np.floating)):
-            return "" if np.isnan(v) else format(v, floatfmt)
-        return str(v)
 
-    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+def save_csv(df: pd.DataFrame, path: str | Path) -> Path:
+    """Plot data for ``dvc plots`` as CSV (6 significant digits, so reruns and diffs stay readable)."""
+    return atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g", lineterminator="\n"))
+
+
+def save_json(data: dict, path: str | Path) -> Path:
+    """A metrics file for ``dvc metrics`` (keys in the order given, stable across reruns)."""
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))

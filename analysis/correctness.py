@@ -55,11 +55,17 @@ def rates_figure(rates: pd.DataFrame):
                 errorbar=None)
     sns.barplot(data=r, x="rule", y="mean_power", hue="setting", order=order, hue_order=hues, ax=axes[1],
                 errorbar=None, legend=False)
-    axes[0].set(ylim=(0, 1.05), ylabel="share", title="rejected at p < 0.01")
-    axes[1].set(title="power against the wrong rules (simulated)")
+    axes[0].set(ylim=(0, 1.05), ylabel="share of tests", xlabel="acceptance rule", title="rejected at p < 0.01")
+    axes[1].set(xlabel="acceptance rule", title="power against the wrong rules (simulated)")
     for ax in axes:
         ax.tick_params(axis="x", rotation=20, labelsize=7)
+    # The legend goes beside the panels, never over a bar.
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].get_legend().remove()
+    fig.legend(handles, labels, title="contexts, temperature", loc="upper left", bbox_to_anchor=(1.0, 0.88),
+               frameon=False, fontsize=8)
     fig.suptitle("Distribution tests per rule (contexts with power only)")
+    fig.tight_layout()
     return fig
 
 

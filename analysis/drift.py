@@ -13,14 +13,20 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import load_params, published_campaign, read_stage, run_script, save_figure, save_table
+from analysis.common import (load_params, published_campaign, read_stage, read_table, run_script, save_figure,
+                             save_table)
 from analysis.inputs import AnalysisError
+from analysis.tracking import Tracking, first_line, quick_http, tracking_settings, unreachable
 
 JOB_KEYS = ["pair", "config_hash"]
 
 
 def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
-    """One row per speed job: before/after step times, the larger of their ratios, and the flag."""
+    """One row per speed job: before/after step times, the larger of their ratios, and the flag.
+
+    ``drift_ratio`` = max over target and draft of max(after/before, before/after) step time: the
+    definition of the speed stage's MLflow metric ``drift_ratio`` as well.
+    """
     if max_ratio <= 1:
         raise AnalysisError(f"drift.max_ratio={max_ratio} is not allowed: use a factor > 1 (e.g. 1.25)")
     cols = ["target_step_before_s", "target_step_after_s", "draft_step_before_s", "draft_step_after_s"]
@@ -40,30 +46,67 @@ def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
 
 
 def drop_drifted(speed: pd.DataFrame, drift: pd.DataFrame) -> pd.DataFrame:
+    """The speed rows of the jobs the drift table does not flag."""
     flagged = set(drift.loc[drift.flagged, "config_hash"])
     return speed[~speed.config_hash.isin(flagged)]
 
 
-def tag_mlflow(drift: pd.DataFrame, uri: str) -> int:
-    """Tag each speed run in MLflow with its drift verdict; returns the number tagged (0 when unreachable)."""
-    try:
-        import mlflow
+def read_drift(params: dict, speed: pd.DataFrame) -> pd.DataFrame:
+    """The drift table analysis.drift wrote (outputs/analysis/drift.parquet), checked to cover ``speed``'s jobs.
 
-        client = mlflow.MlflowClient(uri)
-        exp = client.get_experiment_by_name("speclab")
-        if exp is None:
-            return 0
-        n = 0
-        for row in drift.itertuples():
-            runs = client.search_runs([exp.experiment_id],
-                                      f"tags.stage = 'speed' and tags.config_hash = '{row.config_hash}'")
-            for run in runs:
-                client.set_tag(run.info.run_id, "drift_flagged", str(bool(row.flagged)).lower())
-                client.set_tag(run.info.run_id, "drift_ratio", f"{row.drift_ratio:.3f}")
-                n += 1
-        return n
+    fit, strategies and headline read it rather than recomputing it, so every script excludes the
+    same jobs; a missing or stale table stops them with one line.
+    """
+    path = Path(params["analysis_dir"]) / "drift.parquet"
+    drift = read_table(params["analysis_dir"], "drift")
+    if drift.empty:
+        raise AnalysisError(f"{path} is missing or empty; run `python -m analysis.drift` (or `dvc repro`)")
+    missing = set(speed.config_hash) - set(drift.config_hash)
+    if missing:
+        raise AnalysisError(f"{path} does not cover speed job(s) {sorted(missing)[:3]} of the published campaign; "
+                            "run `python -m analysis.drift` (or `dvc repro`)")
+    return drift
+
+
+def tag_mlflow(drift: pd.DataFrame, tracking: Tracking, campaign: str) -> int:
+    """Tag each speed run of ``campaign`` with its drift verdict; returns the number tagged (0 when unreachable).
+
+    Tags ``drift_flagged`` (true/false) and ``drift_ratio`` (3 decimals): the same name and definition as
+    the ``drift_ratio`` metric the speed stage logs, max over target and draft of max(after/before,
+    before/after) step time. Runs are found by stage, config hash and campaign (each job's child runs
+    carry the same tags and are tagged too). Fail-soft: a store that cannot be reached is one line.
+    """
+    if not tracking.enabled:
+        return 0
+    problem = unreachable(tracking.uri)
+    if problem:
+        print(f"analysis.drift: MLflow tags not written ({problem})", file=sys.stderr)
+        return 0
+    try:
+        with quick_http():
+            import mlflow
+
+            client = mlflow.MlflowClient(tracking.uri)
+            exp = client.get_experiment_by_name(tracking.experiment)
+            if exp is None:
+                return 0
+            n = 0
+            for row in drift.itertuples():
+                query = (f"tags.stage = 'speed' and tags.config_hash = '{row.config_hash}' "
+                         f"and tags.campaign = '{campaign}'")
+                token = None
+                while True:
+                    runs = client.search_runs([exp.experiment_id], query, max_results=1000, page_token=token)
+                    for run in runs:
+                        client.set_tag(run.info.run_id, "drift_flagged", str(bool(row.flagged)).lower())
+                        client.set_tag(run.info.run_id, "drift_ratio", f"{row.drift_ratio:.3f}")
+                        n += 1
+                    token = runs.token
+                    if not token:
+                        break
+            return n
     except Exception as err:  # noqa: BLE001 - tagging is a convenience; the table is the record
-        print(f"analysis.drift: MLflow tags not written ({type(err).__name__}: {err})", file=sys.stderr)
+        print(f"analysis.drift: MLflow tags not written ({first_line(err)})", file=sys.stderr)
         return 0
 
 
@@ -98,7 +141,7 @@ def main() -> None:
     # Everything is computed; only now are outputs replaced (each atomically).
     save_table(drift, out / "drift.parquet")
     save_figure(figure, figs / "drift.png")
-    tagged = tag_mlflow(drift, cfg["tracking_uri"]) if cfg.get("tag_mlflow") else 0
+    tagged = tag_mlflow(drift, tracking_settings(params), campaign) if cfg.get("tag_mlflow", True) else 0
     print(f"analysis.drift: {int(drift.flagged.sum())} of {len(drift)} speed jobs drifted by more than "
           f"x{cfg['max_ratio']}; {tagged} MLflow runs tagged")
 

@@ -12,12 +12,12 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import (bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_figure,
-                             save_table)
-from analysis.drift import drift_table, drop_drifted
+from analysis.common import (bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_csv,
+                             save_figure, save_table)
+from analysis.drift import drop_drifted, read_drift
 from analysis.inputs import AnalysisError
-from speclab.acceptance import alpha_hat as acceptance_rate
 from speclab.cost_model import expected_tokens_per_iteration
+from speclab.estimators import alpha_hat as acceptance_rate
 
 ALL = "all"
 
@@ -93,6 +93,25 @@ def predictor_errors(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def series(df: pd.DataFrame) -> pd.Series:
+    """The line a row belongs to in `dvc plots`: its kind, prefixed by the pair when there are several."""
+    return df.kind if df.pair.nunique() <= 1 else df.pair + ": " + df.kind
+
+
+def plot_data(tab: pd.DataFrame, points: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Small CSVs for `dvc plots` (declared in dvc.yaml's top-level plots)."""
+    speed = points[["pair", "kind", "k", "runs", "measured", "measured_lo", "measured_hi", "predicted_iid",
+                    "predicted_empirical", "alpha"]]
+    predictions = pd.concat([
+        speed[["pair", "kind", "k", "measured"]].assign(predictor=name, predicted=speed[col])
+        for name, col in (("i.i.d. geometric", "predicted_iid"), ("empirical + overhead", "predicted_empirical"))],
+        ignore_index=True)
+    alpha = tab[["pair", "kind", "k", "iterations", "alpha", "tokens_per_pass", "formula_iid"]]
+    return {name: df.assign(series=series(df))[["series", *df.columns]]
+            for name, df in (("speed_points.csv", speed), ("speed_predictions.csv", predictions),
+                             ("alpha_by_k.csv", alpha))}
+
+
 def alpha_figure(tab: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6, 4))
     sns.lineplot(data=tab, x="k", y="alpha", hue="kind", style="pair", marker="o", ax=ax, errorbar=None)
@@ -130,6 +149,7 @@ def speedup_figure(points: pd.DataFrame):
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
+    plots = Path(params["metrics_dir"]) / "plots"
     boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
             "level": float(params["bootstrap"]["level"])}
     campaign = published_campaign(params)
@@ -141,7 +161,7 @@ def main() -> None:
     # The cost model is about a draft model at a fixed k, greedy; other strategies: analysis.strategies.
     acc = acc[~acc.do_sample & (acc.drafter == "model") & (acc.k_policy == "fixed")]
     speed = speed[~speed.do_sample & speed.drafter.isin(["model", "none"]) & speed.k_policy.isin(["fixed", "none"])]
-    drift = drift_table(speed, float(params["drift"]["max_ratio"]))
+    drift = read_drift(params, speed)
     if params["drift"]["exclude"]:
         speed = drop_drifted(speed, drift)
         if speed.empty:
@@ -152,12 +172,15 @@ def main() -> None:
     errors = predictor_errors(points)
     figures = {"alpha_by_k.png": alpha_figure(tab), "tokens_per_pass.png": tokens_figure(tab),
                "speedup_predicted_vs_measured.png": speedup_figure(points)}
+    data = plot_data(tab, points)
     # Everything is computed; only now are outputs replaced (each atomically).
     save_table(tab, out / "acceptance_table.parquet")
     save_table(points, out / "speed_points.parquet")
     save_table(errors, out / "predictor_errors.parquet")
     for name, fig in figures.items():
         save_figure(fig, figs / name)
+    for name, df in data.items():
+        save_csv(df, plots / name)
     print(errors.to_string(index=False))
 
 

@@ -7,14 +7,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import load_params, published_campaign, read_stage, run_script, save_figure, save_table
-from analysis.drift import drift_table, drop_drifted
+from analysis.common import (bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_figure,
+                             save_table)
+from analysis.drift import drop_drifted, read_drift
 from analysis.fit import alpha_hat
 from analysis.inputs import AnalysisError
+
+# The strategies compared in strategies.png, in legend order, with their colours.
+STRATEGIES = {"draft model, best fixed k": "#1f77b4", "draft model, adaptive k (cost model)": "#2ca02c",
+              "draft model, adaptive k (heuristic)": "#ff7f0e", "prompt lookup, best fixed k": "#9467bd"}
+POLICY_NAMES = {"cost_model": "cost model", "heuristic": "heuristic"}
 
 
 def sampling_label(df: pd.DataFrame) -> pd.Series:
@@ -69,23 +76,90 @@ def sampled_alpha(acc: pd.DataFrame) -> pd.DataFrame:
     return tab
 
 
-def strategy_figure(table: pd.DataFrame):
-    t = table[table.arm == "speculative"].copy()
-    t["strategy"] = t.apply(lambda r: f"{r.drafter}, " + (f"k={r.k}" if r.k_policy == "fixed" else r.k_policy), axis=1)
-    t = t[t.sampling == "greedy"]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    sns.barplot(data=t, x="strategy", y="speedup", hue="kind", ax=ax, errorbar=None)
-    ax.axhline(1.0, color="grey", lw=1)
-    ax.set(title="Speed-up per drafter and k policy (greedy; median over adjacent-run ratios)", xlabel="",
-           ylabel="speed-up over adjacent plain run")
-    ax.tick_params(axis="x", rotation=60, labelsize=7)
+def strategy_comparison(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Greedy, per pair and kind: the draft model's best fixed k, each adaptive k policy (draft model) and
+    prompt lookup's best fixed k, as the median adjacent-run speed-up with a bootstrap interval.
+
+    "Best fixed k" is the fixed k with the highest median (as in adaptive_vs_fixed); choosing the best
+    of several makes its median optimistic, so an adaptive policy within its interval is as good.
+    """
+    spec = speed[(speed.arm == "speculative") & ~speed.do_sample.astype(bool)]
+    rows = []
+
+    def add(pair: str, kind: str, strategy: str, runs: pd.DataFrame, k: int | None) -> None:
+        lo, hi = bootstrap_ci(runs.ratio_to_adjacent_plain.to_numpy(), np.median, **boot)
+        rows.append({"pair": pair, "kind": kind, "strategy": strategy, "drafter": runs.drafter.iloc[0],
+                     "k_policy": runs.k_policy.iloc[0], "k": k, "mean_k": float(runs.mean_k.mean()), "runs": len(runs),
+                     "speedup": float(runs.ratio_to_adjacent_plain.median()), "speedup_lo": lo, "speedup_hi": hi})
+
+    for (pair, kind), g in spec.groupby(["pair", "kind"], sort=True):
+        for drafter, name in (("model", "draft model"), ("prompt_lookup", "prompt lookup")):
+            fixed = g[(g.drafter == drafter) & (g.k_policy == "fixed")]
+            if len(fixed):
+                k = int(fixed.groupby("k").ratio_to_adjacent_plain.median().idxmax())
+                add(pair, kind, f"{name}, best fixed k", fixed[fixed.k == k], k)
+            if drafter == "model":
+                for policy, label in POLICY_NAMES.items():
+                    runs = g[(g.drafter == drafter) & (g.k_policy == policy)]
+                    if len(runs):
+                        add(pair, kind, f"draft model, adaptive k ({label})", runs, None)
+    table = pd.DataFrame(rows, columns=["pair", "kind", "strategy", "drafter", "k_policy", "k", "mean_k", "runs",
+                                        "speedup", "speedup_lo", "speedup_hi"])
+    return table.astype({"k": "Int64"})
+
+
+def strategy_figure(comparison: pd.DataFrame):
+    """Adaptive vs best fixed k: one panel per kind (best first), strategies sorted by speed-up, 95% intervals."""
+    if comparison.empty:
+        fig, ax = plt.subplots(figsize=(6, 2))
+        ax.text(0.5, 0.5, "no greedy speed results", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    several_pairs = comparison.pair.nunique() > 1
+    top = comparison.groupby(["pair", "kind"]).speedup.max().sort_values(ascending=False, kind="mergesort")
+    panels = list(top.index)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 0.38 * len(comparison) + 0.9 * len(panels) + 0.6),
+                             sharex=True, squeeze=False)
+    for ax, (pair, kind) in zip(axes[:, 0], panels):
+        g = comparison[(comparison.pair == pair) & (comparison.kind == kind)].sort_values("speedup", kind="mergesort")
+        y = np.arange(len(g))
+        for yi, r in zip(y, g.itertuples()):
+            ax.errorbar(r.speedup, yi, xerr=[[r.speedup - r.speedup_lo], [r.speedup_hi - r.speedup]], fmt="o",
+                        color=STRATEGIES.get(r.strategy, "grey"), capsize=3, ms=7, label=r.strategy)
+            ax.annotate(f"x{r.speedup:.2f}", (r.speedup_hi, yi), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=7)
+        labels = [f"{r.strategy.split(', ')[0]}, " + (f"fixed k={r.k}" if r.k_policy == "fixed" else
+                                                     f"{POLICY_NAMES.get(r.k_policy, r.k_policy)} (mean k {r.mean_k:.1f})")
+                  + f", {r.runs} runs" for r in g.itertuples()]
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_ylim(-0.6, len(g) - 0.4)
+        ax.axvline(1.0, color="grey", lw=1, ls="--")
+        ax.set_title(f"{pair}: {kind}" if several_pairs else kind, fontsize=10, loc="left")
+    axes[-1, 0].set_xlim(min(0.95, float(comparison.speedup_lo.min()) - 0.05),
+                         float(comparison.speedup_hi.max()) * 1.08)  # room for the labels right of the bars
+    axes[-1, 0].set_xlabel("speed-up over the adjacent plain run (median of run ratios, 95% bootstrap interval; "
+                           "dashed: 1.0 = no gain)", fontsize=8)
+    fig.supylabel("strategy (fastest on top)", fontsize=9)
+    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=name) for name, c in STRATEGIES.items()
+               if name in set(comparison.strategy)]
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False,
+               title="strategy")
+    fig.suptitle("Adaptive k vs the best fixed k, per prompt kind (greedy)", x=0.5)
+    fig.tight_layout()
     return fig
 
 
 def sampled_alpha_figure(tab: pd.DataFrame):
+    """alpha per kind and sampling setting, averaged over the k measured in every setting (like with like)."""
+    t = tab[tab.kind != "all"]
+    settings = sorted(t.sampling.unique(), key=lambda v: (v != "greedy", v))
+    common = sorted(set.intersection(*(set(g.k) for _, g in t.groupby("sampling")))) if len(t) else []
+    t = t[t.k.isin(common)]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    sns.barplot(data=tab[tab.kind != "all"], x="kind", y="alpha", hue="sampling", ax=ax, errorbar=None)
-    ax.set(ylim=(0, 1), title="Acceptance rate: greedy vs sampled (all k pooled per row)", ylabel="alpha-hat")
+    sns.barplot(data=t, x="kind", y="alpha", hue="sampling", hue_order=settings, ax=ax, errorbar=None)
+    ax.set(ylim=(0, 1), ylabel="alpha-hat (accepted / checked proposals)", xlabel="prompt kind",
+           title=f"Acceptance rate: greedy vs sampled (mean over k = {', '.join(map(str, common))})")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1), frameon=False, title="sampling")
     return fig
 
 
@@ -98,16 +172,20 @@ def main() -> None:
     if speed.empty or acc.empty:
         raise AnalysisError(f"needs speed and acceptance results in campaign {campaign!r}; run "
                             f"`python -m pipeline.run +sweep=all campaign={campaign}`")
+    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
+            "level": float(params["bootstrap"]["level"])}
     if params["drift"]["exclude"]:
-        speed = drop_drifted(speed, drift_table(speed, float(params["drift"]["max_ratio"])))
+        speed = drop_drifted(speed, read_drift(params, speed))
     table = strategy_table(speed)
     adaptive, drafters, sampled = adaptive_vs_fixed(table), drafter_comparison(table), sampled_alpha(acc)
-    figures = {"strategies.png": strategy_figure(table), "sampled_alpha.png": sampled_alpha_figure(sampled)}
+    comparison = strategy_comparison(speed, boot)
+    figures = {"strategies.png": strategy_figure(comparison), "sampled_alpha.png": sampled_alpha_figure(sampled)}
     # Everything is computed; only now are outputs replaced (each atomically).
     save_table(table, out / "strategy_speedups.parquet")
     save_table(adaptive, out / "adaptive_vs_fixed.parquet")
     save_table(drafters, out / "drafter_comparison.parquet")
     save_table(sampled, out / "sampled_alpha.parquet")
+    save_table(comparison, out / "strategy_comparison.parquet")
     for name, fig in figures.items():
         save_figure(fig, figs / name)
     print(drafters.to_string(index=False))

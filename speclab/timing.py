@@ -1,11 +1,10 @@
 """Wall-clock timing that is honest about asynchronous devices and memory residency."""
 from __future__ import annotations
 
-import os
-import resource
 import time
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 
@@ -52,22 +51,16 @@ class MemoryPlacement:
 
 
 def _host_available_bytes() -> int | None:
+    """Memory the host can give without swapping (psutil: MemAvailable on Linux, its equivalent elsewhere)."""
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        return int(psutil.virtual_memory().available)
+    except (OSError, RuntimeError):
         return None
-    return None
 
 
 def _rss_bytes() -> int:
-    try:
-        with open(f"/proc/{os.getpid()}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # not Linux: peak RSS is the best portable figure
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's resident set size."""
+    return int(psutil.Process().memory_info().rss)
 
 
 def memory_placement(models: list[torch.nn.Module], device: torch.device | str,

@@ -157,3 +157,67 @@ def test_figures_are_byte_stable(tmp_path):
         ax.plot([1, 2, 3], [1, 4, 9])
         paths.append(save_figure(fig, tmp_path / name))
     assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_bootstrap_ci_is_scipy_percentile_and_handles_tiny_samples():
+    from scipy import stats
+
+    x = np.random.default_rng(1).normal(1.0, 0.2, 40)
+    res = stats.bootstrap((x,), np.median, n_resamples=400, method="percentile", rng=np.random.default_rng(7))
+    assert bootstrap_ci(x, np.median, 400, 7) == (res.confidence_interval.low, res.confidence_interval.high)
+    assert bootstrap_ci(np.array([1.5]), np.median) == (1.5, 1.5)
+    assert bootstrap_ci(np.array([2.0, 2.0, np.nan])) == (2.0, 2.0)
+    assert all(np.isnan(bootstrap_ci(np.array([np.nan]))))
+
+
+def test_markdown_table_formats_numbers_and_keeps_text_as_written():
+    from analysis.common import markdown_table
+
+    df = pd.DataFrame({"config_hash": ["12345e67", "0000aaaa"], "k": [1, 2], "x": [0.12345, np.nan],
+                       "flag": [True, False]})
+    lines = markdown_table(df).splitlines()
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == ["config_hash", "k", "x", "flag"]
+    assert "12345e67" in lines[2] and "0.123" in lines[2] and "True" in lines[2]
+    assert lines[3].split("|")[3].strip() == ""  # a missing value is blank, not "nan"
+    assert markdown_table(df.iloc[:0]) == "_no rows_\n"
+
+
+def test_strategy_comparison_picks_best_fixed_k_and_keeps_adaptive_policies():
+    from analysis.strategies import strategy_comparison
+
+    rows = []
+    for kind, best in (("code", 3), ("prose", 2)):
+        for k in (1, 2, 3):
+            for i in range(6):
+                rows.append({"pair": "p", "kind": kind, "arm": "speculative", "do_sample": False, "drafter": "model",
+                             "k_policy": "fixed", "k": k, "mean_k": k,
+                             "ratio_to_adjacent_plain": 1.0 + 0.1 * (k == best) + 0.01 * i})
+        for policy, r in (("cost_model", 1.3), ("heuristic", 0.9)):
+            rows += [{"pair": "p", "kind": kind, "arm": "speculative", "do_sample": False, "drafter": "model",
+                      "k_policy": policy, "k": 4, "mean_k": 2.5, "ratio_to_adjacent_plain": r + 0.01 * i}
+                     for i in range(4)]
+        rows += [{"pair": "p", "kind": kind, "arm": "speculative", "do_sample": False, "drafter": "prompt_lookup",
+                  "k_policy": "fixed", "k": 4, "mean_k": 3.0, "ratio_to_adjacent_plain": 1.5} for _ in range(3)]
+    rows.append({**rows[0], "do_sample": True, "ratio_to_adjacent_plain": 9.0})  # sampled runs are left out
+    table = strategy_comparison(pd.DataFrame(rows), BOOT).set_index(["kind", "strategy"])
+    assert table.loc[("code", "draft model, best fixed k"), "k"] == 3
+    assert table.loc[("prose", "draft model, best fixed k"), "k"] == 2
+    assert table.loc[("code", "prompt lookup, best fixed k"), "speedup"] == 1.5
+    cost = table.loc[("code", "draft model, adaptive k (cost model)")]
+    assert cost.runs == 4 and cost.speedup_lo <= cost.speedup <= cost.speedup_hi and pd.isna(cost.k)
+    assert table.speedup.max() < 9
+
+
+def test_headline_metrics_keys_are_stable_and_finite():
+    from analysis.headline import headline_metrics
+
+    points = pd.DataFrame({"pair": "p", "kind": ["all", "all", "code", "code"], "k": [2, 4, 2, 4],
+                           "measured": [1.1, 1.2, 1.3, 1.0], "predicted_iid": [1.0, 1.4, 1.3, 1.2],
+                           "predicted_empirical": [1.1, 1.3, 1.2, np.nan]})
+    acc = pd.DataFrame({"pair": "p", "kind": ["all", "code", "code"], "k": [4, 4, 2], "alpha": [0.8, 0.9, 0.7]})
+    m = headline_metrics("ref", points, acc, 4)
+    assert m["campaign"] == "ref"
+    assert m["p"]["best_k"] == {"all": 4, "code": 2} and m["p"]["speedup_at_best_k"] == {"all": 1.2, "code": 1.3}
+    assert m["p"]["alpha_at_k4"] == {"all": 0.8, "code": 0.9}
+    assert m["p"]["mae_iid"] == {"pooled": 0.1, "all": 0.15, "code": 0.1}
+    assert m["p"]["mae_empirical_overhead"]["code"] == 0.1  # the missing prediction is skipped

@@ -1,7 +1,9 @@
-"""The analysis scripts on real (tiny-pair) pipeline outputs: every table, figure and the report."""
+"""The analysis scripts on real (tiny-pair) pipeline outputs: every table, figure, metric, plot file and the report."""
+import json
+
 import yaml
 
-from analysis import breakeven, correctness, drift, fit, jobs, report, strategies
+from analysis import breakeven, correctness, drift, fit, headline, jobs, report, strategies
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
 
@@ -19,18 +21,26 @@ def test_analysis_scripts_produce_report(tmp_path, monkeypatch):
     run_parts(make_cfg(tmp_path, "campaign=e2e", "stage=acceptance", "sampling=t07", "stage.ks=[2]"))
     params = yaml.safe_load(open("params.yaml"))
     params.update(campaign="e2e", outputs_dir=str(outputs), analysis_dir=str(outputs / "analysis"),
-                  figures_dir=str(outputs / "figures"))
-    params["drift"]["tag_mlflow"] = False
+                  figures_dir=str(outputs / "figures"), metrics_dir=str(outputs / "metrics"))
+    params["mlflow"]["enabled"] = False
+    params["headline"]["alpha_k"] = 2
     params["drift"]["max_ratio"] = 100.0  # tiny-model step times are too short to judge drift by
     params["bootstrap"]["samples"] = 200
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(tmp_path)
-    for script in (jobs, drift, fit, breakeven, correctness, strategies, report):
+    for script in (jobs, drift, fit, breakeven, correctness, strategies, headline, report):
         script.main()
     figs = {p.name for p in (outputs / "figures").glob("*.png")}
-    assert {"drift.png", "alpha_by_k.png", "tokens_per_pass.png", "speedup_predicted_vs_measured.png",
-            "step_time_vs_pass_length.png", "speedup_map_tiny_random.png", "strategies.png", "sampled_alpha.png",
-            "distribution_rejections.png"} <= figs
+    assert figs == {"drift.png", "alpha_by_k.png", "tokens_per_pass.png", "speedup_predicted_vs_measured.png",
+                    "step_time_vs_pass_length.png", "speedup_map.png", "strategies.png", "sampled_alpha.png",
+                    "distribution_rejections.png"}  # exactly the names dvc.yaml declares
+    assert {p.name for p in (outputs / "metrics" / "plots").glob("*.csv")} == {
+        "speed_points.csv", "speed_predictions.csv", "alpha_by_k.csv", "step_time.csv"}
+    metrics = json.loads((outputs / "metrics" / "headline.json").read_text())
+    assert metrics["campaign"] == "e2e"
+    assert set(metrics["tiny_random"]) == {"best_k", "speedup_at_best_k", "alpha_at_k2", "mae_iid",
+                                           "mae_empirical_overhead"}
+    assert set(metrics["tiny_random"]["best_k"]) == {"all", "code", "prose", "structured"}
     text = (outputs / "report.md").read_text()
     for heading in ("## Verdict", "## Acceptance", "## Speed: predicted vs measured", "## Drafters and k policies",
                     "## Sampling: acceptance against greedy", "## Drift", "## Greedy correctness",
@@ -46,6 +56,10 @@ def test_analysis_scripts_produce_report(tmp_path, monkeypatch):
     assert {"model", "prompt_lookup"} <= set(drafters.drafter)
     adaptive = pd.read_parquet(outputs / "analysis" / "adaptive_vs_fixed.parquet")
     assert {"cost_model", "heuristic"} <= set(adaptive.policy)
+    comparison = pd.read_parquet(outputs / "analysis" / "strategy_comparison.parquet")
+    assert {"draft model, best fixed k", "draft model, adaptive k (cost model)", "draft model, adaptive k (heuristic)",
+            "prompt lookup, best fixed k"} <= set(comparison.strategy)
+    assert (comparison.speedup_lo <= comparison.speedup).all() and (comparison.speedup <= comparison.speedup_hi).all()
     pooled = pd.read_parquet(outputs / "analysis" / "jobs.parquet")
     assert set(pooled.campaign) == {"e2e"} and set(pooled.stage) == {"timing", "acceptance", "speed", "divergence",
                                                                     "distribution"}

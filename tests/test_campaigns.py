@@ -52,7 +52,7 @@ def workdir(outputs: Path, monkeypatch) -> Path:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params.update(campaign="reference", outputs_dir=str(outputs), analysis_dir=str(outputs / "analysis"),
                   figures_dir=str(outputs / "figures"))
-    params["drift"]["tag_mlflow"] = False
+    params["mlflow"]["enabled"] = False
     (outputs.parent / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(outputs.parent)
     return outputs.parent

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".venv" / "bin"
-OUTPUTS = ("outputs/analysis/", "outputs/figures/", "outputs/report.md")
+OUTPUTS = ("outputs/analysis/", "outputs/figures/", "outputs/metrics/", "outputs/report.md")
 
 pytestmark = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
 
