@@ -83,7 +83,7 @@ def build_report(params: dict) -> str:
     t = {name: read_table(out, name) for name in (
         "acceptance_table", "speed_points", "predictor_errors", "drift", "breakeven", "best_k", "divergence_counts",
         "divergences", "distribution_rates", "distribution_tests", "drafter_comparison", "adaptive_vs_fixed",
-        "sampled_alpha", "strategy_comparison")}
+        "sampled_alpha", "strategy_comparison", "batch_costs", "batch_speedups")}
     acc, points, errors = t["acceptance_table"], t["speed_points"], t["predictor_errors"]
     drift, be, best = t["drift"], t["breakeven"], t["best_k"]
     div_counts, divs = t["divergence_counts"], t["divergences"]
@@ -156,8 +156,52 @@ def build_report(params: dict) -> str:
               _fig(figs, report, "distribution_rejections.png", "rejection rates per rule"),
               markdown_table(rates, ".3g"), "",
               "<details><summary>every test</summary>\n\n", markdown_table(tests, ".3g"), "</details>\n"]
+    s += batch_section(t["batch_costs"], t["batch_speedups"], figs, report)
     s += jobs_section(jobs, campaign)
     return "\n".join(s)
+
+
+def batch_section(costs: pd.DataFrame, speed: pd.DataFrame, figs: Path, report: Path) -> list[str]:
+    """Exercise 7 of the chapter, answered from the batch stage's numbers."""
+    if speed.empty:
+        return []
+    s = ["## Batches: where the check stops being free, where speculation stops paying\n",
+         _fig(figs, report, "batch_pass_time.png", "target pass time over batch size x pass length"),
+         "*Left: the target's pass over B rows x n new tokens. Right: the same over the one-token step at that B, "
+         "i.e. c_verify(B, k = n - 1); a flat line at 1 means checking k proposals costs no more than one step.*\n",
+         _fig(figs, report, "batch_speedup.png", "speed-up vs batch size"),
+         "*Measured speed-up of batched speculative over batched plain decoding (tokens/s summed over rows, "
+         "median of adjacent-run ratios with 95% bootstrap intervals) against the cost model at that B.*\n"]
+    flat = []
+    for b, sub in costs.groupby("batch_size"):
+        sub = sub.sort_values("pass_len")
+        over = sub[sub.c_verify > 1.25]
+        # the flat stretch: pass lengths up to the first one that costs more than 1.25 one-token steps
+        n_flat = int(sub.pass_len[sub.pass_len < over.pass_len.min()].max()) if len(over) else int(sub.pass_len.max())
+        flat.append(f"B = {b}: flat up to {n_flat} new tokens per row ({b * n_flat} tokens in the pass)"
+                    + ("" if len(over) else ", the longest pass measured"))
+    best = speed.loc[speed.groupby("batch_size").measured.idxmax()]
+    losing = best[best.measured_hi < 1.0]
+    paying = best[best.measured_lo > 1.0]
+    verdict = (f"even the best k loses (its whole interval below 1) at B = {', '.join(str(b) for b in losing.batch_size)}"
+               if len(losing) else "no batch size measured has the best k's whole interval below 1")
+    be = speed.groupby("batch_size").break_even_alpha.min()
+    trend = ("rises" if be.iloc[-1] > be.iloc[0] else "falls" if be.iloc[-1] < be.iloc[0] else "stays")
+    s += ["**Exercise 7 on this machine.** Where the pass stops being flat (within 1.25 one-token steps at the "
+          "same B): " + "; ".join(flat) + ". Best measured speed-up per B: "
+          + ", ".join(f"B = {r.batch_size}: x{r.measured:.2f} at k = {r.k}" for r in best.itertuples())
+          + f"; {verdict}" + (f"; it clearly pays (interval above 1) at B = {', '.join(str(b) for b in paying.batch_size)}"
+                             if len(paying) else "")
+          + f". The lowest break-even alpha over k {trend} from {be.iloc[0]:.2f} at B = {be.index[0]} to "
+          f"{be.iloc[-1]:.2f} at B = {be.index[-1]} (table).\n",
+          markdown_table(speed[["pair", "batch_size", "k", "runs", "measured", "measured_lo", "measured_hi", "predicted",
+                                "alpha", "break_even_alpha", "c_draft", "c_verify", "plain_tokens_per_s",
+                                "spec_tokens_per_s", "layout_share", "masked_share", "identical_share"]]), "",
+          "`layout_share`: time spent on masks, position ids, dropping finished rows and re-packing the cache over "
+          "the iteration time (median per run); `masked_share`: masked key/value slots of the verify pass "
+          "(padding and rejected proposals kept in the cache); `identical_share`: rows equal to the batched plain "
+          "run's rows.\n"]
+    return s
 
 
 def main() -> None:

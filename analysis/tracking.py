@@ -14,17 +14,19 @@ at most a few seconds and one line of output.
 """
 from __future__ import annotations
 
-import os
-import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-PROBE_TIMEOUT_S = 3.0
+from pipeline.mlflow_probe import first_line, unreachable  # noqa: F401 - the analysis's own names
+from pipeline.mlflow_probe import quick_http as _quick_http
+
+# Logging figures and tables takes longer than a probe: a longer timeout, still no retry loop.
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def quick_http():
+    """No retries and a 10 s timeout for MLflow's HTTP calls while the analysis logs."""
+    return _quick_http(HTTP_ENV)
 
 
 @dataclass(frozen=True)
@@ -39,42 +41,6 @@ def tracking_settings(params: dict) -> Tracking:
     cfg = params.get("mlflow") or {}
     return Tracking(enabled=bool(cfg.get("enabled", True)), uri=str(cfg.get("tracking_uri", "sqlite:///mlflow.db")),
                     experiment=str(cfg.get("experiment", "speclab")))
-
-
-def unreachable(uri: str) -> str | None:
-    """Why the store at ``uri`` cannot be used (None when it looks usable); at most PROBE_TIMEOUT_S seconds."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        try:
-            socket.create_connection((parsed.hostname or "localhost", port), timeout=PROBE_TIMEOUT_S).close()
-        except OSError as err:
-            return f"{uri} is not reachable ({type(err).__name__})"
-    elif parsed.scheme == "sqlite":
-        db = uri.removeprefix("sqlite:///")
-        if db and db != ":memory:" and not Path(db).parent.is_dir():
-            return f"{uri}: folder {Path(db).parent} does not exist"
-    return None
-
-
-@contextmanager
-def quick_http() -> Iterator[None]:
-    """No retries and a short timeout for MLflow's HTTP calls; the previous settings come back afterwards."""
-    saved = {k: os.environ.get(k) for k in HTTP_ENV}
-    os.environ.update(HTTP_ENV)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:

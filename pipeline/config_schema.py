@@ -148,6 +148,16 @@ class DistributionStage(StageBase):
 
 
 @dataclass
+class BatchStage(StageBase):
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    ks: list[int] = field(default_factory=lambda: [2, 4])
+    rounds: int = 1
+    pass_lengths: list[int] = field(default_factory=lambda: list(range(1, 10)))
+    timing_repeats: int = 5
+    timing_warmup: int = 1
+
+
+@dataclass
 class AllStage(SpeedStage, TimingStage, DistributionStage):
     acceptance_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     tie_ulps: int = 4
@@ -179,7 +189,7 @@ def register() -> None:
     cs.store(name="speclab_schema", node=SpeclabConf)
     for group, options in {
         "stage": {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage,
-                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage},
+                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage, "batch": BatchStage},
         "drafter": {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf, "hybrid": HybridConf},
         "k_policy": {"fixed": FixedKConf, "heuristic": HeuristicKConf, "cost_model": CostModelKConf},
     }.items():
@@ -261,6 +271,7 @@ CHECKS: dict[str, Check] = {
     "k_policy.c_draft": _positive_or_null(),
     "k_policy.c_verify": _positive_or_null(),
     "stage.ks": _ints_at_least(1),
+    "stage.batch_sizes": _ints_at_least(1, nonempty=True),
     "stage.acceptance_ks": _ints_at_least(1, nonempty=True),
     "stage.pass_lengths": _ints_at_least(1, nonempty=True),
     "stage.repeats": _int_at_least(1),

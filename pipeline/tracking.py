@@ -8,17 +8,17 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from pipeline.mlflow_probe import PROBE_TIMEOUT_S, first_line, unreachable  # noqa: F401
 
 # Bound MLflow's own HTTP retries (by default minutes against a dead server) unless the user chose.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -26,7 +26,6 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # store creation and migrations are not news
 
 PACKAGES = ("torch", "transformers", "speclab", "mlflow", "hydra-core", "numpy", "scipy")
-PROBE_TIMEOUT_S = 3.0
 # Set for child processes (joblib, submitit) once a store was found unreachable: they skip it at once.
 DOWN_ENV = "SPECLAB_TRACKING_DOWN"
 _down: dict[str, str] = {}  # tracking URI -> why it cannot be used, found out once per process
@@ -68,54 +67,19 @@ def environment_tags(device: str, dtype: str) -> dict[str, str]:
     return tags
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
-
-
-def _probe(uri: str) -> str | None:
-    """Why ``uri`` cannot be used as a tracking store, or None. Costs at most a few seconds."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        try:
-            socket.create_connection((parsed.hostname or "localhost", port), timeout=PROBE_TIMEOUT_S).close()
-        except OSError as err:
-            return f"cannot connect to {parsed.hostname}:{port} ({_first_line(err)})"
-    # One short try: a server that accepts connections but never answers must not hold the job.
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(PROBE_TIMEOUT_S))})
-    try:
-        import mlflow
-
-        # Creating the store here, once, also avoids parallel jobs racing on a new sqlite schema.
-        mlflow.MlflowClient(uri).search_experiments(max_results=1)
-    except Exception as err:  # noqa: BLE001 - any failure means the same: no tracking for this process
-        if parsed.scheme in ("http", "https"):
-            return f"connected, but no usable answer within {PROBE_TIMEOUT_S:.0f} s ({type(err).__name__})"
-        return _first_line(err)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return None
-
-
 def tracking_problem(uri: str) -> str | None:
     """Probe ``uri`` once per process (and once per multirun, through the environment)."""
     if os.environ.get(DOWN_ENV) == uri:
         return "found unreachable when the multirun started"
     if uri not in _down:
-        _down[uri] = _probe(uri) or ""
+        _down[uri] = unreachable(uri) or ""
         if _down[uri]:
             os.environ[DOWN_ENV] = uri
     return _down[uri] or None
 
 
 def _mark_down(uri: str, err: BaseException) -> None:
-    _down[uri] = _first_line(err)
+    _down[uri] = first_line(err)
     os.environ[DOWN_ENV] = uri
     print(f"speclab: warning: MLflow at {uri} failed ({_down[uri]}); the rest of this process writes Parquet "
           "only (rerun the job later to log it)", file=sys.stderr)

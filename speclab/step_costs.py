@@ -21,22 +21,24 @@ class PassTiming:
 
 
 def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: list[int],
-               repeats: int = 20, warmup: int = 3, progress: str | None = None) -> list[PassTiming]:
+               repeats: int = 20, warmup: int = 3, progress: str | None = None, batch_size: int = 1) -> list[PassTiming]:
     """Median time of one forward pass over n new tokens on top of the prompt's cache, per n.
 
     The cache is cut back after every pass (outside the timed region), so every pass sees the
     same context length. Lengths are interleaved round by round so that slow drift of the
     machine spreads over all of them instead of biasing one. ``progress``: a label for a progress bar.
+    ``batch_size`` B > 1 times the pass for B rows of the same prompt at once (B x n new tokens).
     """
     if any(n < 1 for n in pass_lengths):
         raise ValueError(f"pass lengths {pass_lengths} are not allowed: each must be >= 1")
     device = prompt_ids.device
+    prompt_ids = prompt_ids[:1].expand(batch_size, -1)
     cache = new_cache(model)
     forward_logits(model, prompt_ids, cache, 1)
     ctx = cache.get_seq_length()
     vocab = model.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(0)
-    new = torch.randint(0, vocab, (1, max(pass_lengths)), generator=gen).to(device)
+    new = torch.randint(0, vocab, (batch_size, max(pass_lengths)), generator=gen).to(device)
     samples: dict[int, list[float]] = {n: [] for n in pass_lengths}
     reps = range(warmup + repeats)
     for rep in tqdm(reps, desc=progress, leave=False) if progress else reps:

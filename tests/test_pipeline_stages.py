@@ -110,3 +110,22 @@ def test_speed_stage_peer_arms_default_and_lookup(tmp_path):
     assert arms.loc["hf_default"].k == 0 and arms.loc["hf_default"].policy == "library_default"
     assert arms.loc["hf_lookup"].drafter == "prompt_lookup" and arms.loc["hf_lookup"].k == 4
     assert df[df.arm != "plain"].identical_to_plain.all()  # greedy: every peer mode reproduces plain greedy
+
+
+def test_batch_stage_pass_times_and_adjacent_runs(tmp_path):
+    from pipeline.stages import batch
+
+    df, _ = _run(tmp_path, batch, "stage=batch", "stage.batch_sizes=[1,3]", "stage.ks=[2]", "stage.timing_repeats=2",
+                 "stage.timing_warmup=0", "stage.pass_lengths=[1,4]")
+    passes, runs = df[df.measure == "pass"], df[df.measure == "run"]
+    assert set(zip(passes.batch_size, passes.model, passes.pass_len)) == {
+        (b, "target", n) for b in (1, 3) for n in (1, 4)} | {(b, "draft", 1) for b in (1, 3)}
+    assert (passes.median_s > 0).all()
+    for _, block in runs.groupby("block"):
+        assert sorted(block.arm) == ["plain", "speculative"] and block.batch_size.nunique() == 1
+        plain = block[block.arm == "plain"].tokens_per_s.iloc[0]
+        assert ((block.ratio_to_adjacent_plain - block.tokens_per_s / plain).abs() < 1e-12).all()
+    spec = runs[runs.arm == "speculative"]
+    assert spec.identical_to_plain.all()  # greedy: every row equals the batched plain run's row
+    assert spec.layout_share.between(0, 1).all() and spec.masked_share.between(0, 1).all()
+    assert set(runs[runs.batch_size == 3].prompt_ids.str.count(",")) == {2}
