@@ -15,3 +15,13 @@ def tiny_pair():
     from speclab.models import tiny_random_model
 
     return tiny_random_model(64, seed=0), tiny_random_model(64, seed=1)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: a second torch thread only adds contention on a shared 2-core machine (10x slower
+    under load); the previous setting comes back after the module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

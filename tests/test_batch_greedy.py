@@ -69,13 +69,7 @@ def pick_eos(outputs: list[list[int]]) -> int:
     return max(sorted({t for out in outputs for t in out}), key=score)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models: a second thread only adds contention on a shared 2-core machine (10x slower under load).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))

@@ -24,13 +24,7 @@ COPIES = 16  # rows per prompt in each batch (48 rows: one call gives 16 draws p
 SAMPLING = SamplingConfig(do_sample=True, temperature=1.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models: a second thread only adds contention on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
