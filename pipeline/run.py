@@ -201,7 +201,7 @@ class Job:
 
     def _log_run(self, run_id: str | None, part: str, out, path: Path) -> bool:
         """The stage run's metrics, files and description, and one child run per compared arm."""
-        ident, name = run_identity(self.cfg, part), _run_name(self.cfg, part)
+        ident = run_identity(self.cfg, part)
         self.tracker.log_arms(run_id, out.arms, ident, self.tags(),
                               f"{part} {{arm}} r{self.cfg.round} {self.cfg.pair.name}")
         return self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary)

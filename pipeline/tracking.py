@@ -18,7 +18,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.mlflow_probe import PROBE_TIMEOUT_S, first_line, unreachable  # noqa: F401
+from pipeline.mlflow_probe import first_line, unreachable
 
 # Bound MLflow's own HTTP retries (by default minutes against a dead server) unless the user chose.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")

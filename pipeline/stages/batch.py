@@ -74,7 +74,7 @@ def _run_columns(res: BatchResult) -> dict:
 
 
 def run(ctx: StageContext) -> StageOutput:
-    cfg, st, pair = ctx.cfg, ctx.cfg.stage, ctx.pair
+    cfg, st = ctx.cfg, ctx.cfg.stage
     sampling, gen = sampling_config(cfg), generator(ctx)
     n_new = int(cfg.max_new_tokens)
     log.info(f"batch: pass times over B x n new tokens (B = {list(st.batch_sizes)})")
@@ -129,7 +129,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
         plain = at_b[at_b.arm == "plain"]
         flat = tgt.loc[b] / tgt.loc[(b, 1)] if (b, 1) in tgt.index else None
         summary.append(f"B={b}: plain {plain.tokens_per_s.median():.1f} tok/s (summed over rows)"
-                       + (f"; target pass over n new tokens / one token: "
+                       + ("; target pass over n new tokens / one token: "
                           + ", ".join(f"{int(n)}: {v:.2f}" for n, v in flat.items()) if flat is not None else ""))
         for k, sub in at_b[at_b.arm == "speculative"].groupby("k", sort=True):
             k = int(k)
