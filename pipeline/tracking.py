@@ -78,6 +78,14 @@ def tracking_problem(uri: str) -> str | None:
     return _down[uri] or None
 
 
+def say_unreachable(uri: str, problem: str, consequence: str) -> None:
+    """One line per process and store, however many jobs find it down."""
+    if uri not in _said:
+        _said.add(uri)
+        print(f"speclab: MLflow at {uri} is unreachable ({problem}): {consequence} once it is back to log them",
+              file=sys.stderr)
+
+
 def _mark_down(uri: str, err: BaseException) -> None:
     _down[uri] = first_line(err)
     os.environ[DOWN_ENV] = uri
@@ -151,7 +159,7 @@ class Tracker:
     enabled: bool
     _client: Any = None
     _experiment_id: str | None = None
-    _open: dict[str, str] = field(default_factory=dict)  # run id -> stage, for runs this process opened
+    _open: set[str] = field(default_factory=set)  # ids of the runs this process opened and has not ended
 
     @classmethod
     def for_config(cls, cfg: DictConfig) -> Tracker:
@@ -159,10 +167,7 @@ class Tracker:
         if enabled:
             problem = tracking_problem(uri)
             if problem:
-                if uri not in _said:
-                    _said.add(uri)
-                    print(f"speclab: MLflow at {uri} is unreachable ({problem}): results are written to Parquet "
-                          "only; rerun the same command once it is back to log them", file=sys.stderr)
+                say_unreachable(uri, problem, "results are written to Parquet only; rerun the same command")
                 enabled = False
         return cls(uri, str(cfg.mlflow.experiment), enabled)
 
@@ -217,7 +222,7 @@ class Tracker:
 
         run_id = self._call(create)
         if run_id:
-            self._open[run_id] = identity.get("stage", "")
+            self._open.add(run_id)
         return run_id
 
     def finish(self, run_id: str | None, metrics: dict[str, float], artifacts: list[Path] = (),
@@ -246,7 +251,7 @@ class Tracker:
 
         done = bool(self._call(log))
         if done:
-            self._open.pop(run_id, None)
+            self._open.discard(run_id)
         return done
 
     def log_arms(self, parent: str | None, arms: list, identity: dict[str, str], tags: dict[str, str],
@@ -267,7 +272,7 @@ class Tracker:
         """Close a run that did not finish (FAILED, KILLED): never leave it RUNNING."""
         if run_id is not None and run_id in self._open:
             self._call(lambda c: c.set_terminated(run_id, status))
-            self._open.pop(run_id, None)
+            self._open.discard(run_id)
 
 
 class CreateTrackingStore(Callback):
@@ -284,9 +289,7 @@ class CreateTrackingStore(Callback):
             return
         problem = tracking_problem(self.uri)
         if problem:
-            _said.add(self.uri)
-            print(f"speclab: MLflow at {self.uri} is unreachable ({problem}): every job of this multirun "
-                  "writes Parquet only; rerun the sweep once it is back to log them", file=sys.stderr)
+            say_unreachable(self.uri, problem, "every job of this multirun writes Parquet only; rerun the sweep")
             return
         self.tracker = Tracker(self.uri, self.experiment, True)
         hc = config.hydra  # HydraConfig is not set yet when a multirun starts
