@@ -115,6 +115,10 @@ def main() -> None:
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
     campaign = published_campaign(params)
     timing = read_stage(params["outputs_dir"], "timing", campaign)
+    if not timing.empty:
+        # Passes right after each prompt only: prefills (context 0) and longer contexts are the time model's.
+        passes = timing[timing.context_len > 0]
+        timing = passes[passes.context_len == passes.groupby("prompt_id").context_len.transform("min")]
     if timing.empty:
         raise AnalysisError(f"no timing results in campaign {campaign!r}; run "
                             f"`python -m pipeline.run +sweep=timing campaign={campaign}`")

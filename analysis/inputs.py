@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from pipeline.parquet import META_KEY
 
-STAGE_NAMES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch")
+STAGE_NAMES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch", "plan")
 # The pipeline's rule for a campaign name (pipeline/config_schema.py): it is one folder, never a path.
 CAMPAIGN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.common import load_params, markdown_table, published_campaign, read_table, run_script
@@ -33,6 +34,13 @@ CAPTIONS = {
                       "intervals are a tie (the best fixed k is picked after the fact, so it is optimistic).",
     "sampled_alpha.png": "Acceptance rate per kind under greedy and sampled decoding, over the k measured in every "
                          "setting; sampling lowers alpha because the draft must match a distribution, not an arg-max.",
+    "time_model_speedup.png": "Held-out prompts: measured speed-up (median of adjacent-run ratios, 95% bootstrap "
+                              "interval) against the time model (replaying each prompt's own acceptance run, with "
+                              "the interval over prompts; and replaying the calibration prompts of the same kind) "
+                              "and the i.i.d. formula, per kind and k.",
+    "time_model_decomposition.png": "Milliseconds per generated token by part: predicted by the time model (left, "
+                                    "hatched) and measured by the loop's stopwatches in the speed runs (right); the "
+                                    "measured draft bar includes the catch-up, which only the model can separate.",
     "drift.png": "Step times taken before against after each speed job; points outside the grey band (flagged "
                  "crosses) changed speed mid-job and are left out of the fits.",
     "distribution_rejections.png": "Share of distribution tests rejected at p < 0.01 (left) and the simulated power "
@@ -83,7 +91,9 @@ def build_report(params: dict) -> str:
     t = {name: read_table(out, name) for name in (
         "acceptance_table", "speed_points", "predictor_errors", "drift", "breakeven", "best_k", "divergence_counts",
         "divergences", "distribution_rates", "distribution_tests", "drafter_comparison", "adaptive_vs_fixed",
-        "sampled_alpha", "strategy_comparison", "batch_costs", "batch_speedups")}
+        "sampled_alpha", "strategy_comparison", "batch_costs", "batch_speedups", "time_model_points",
+        "time_model_errors", "time_model_decomposition", "time_model_exercise4", "time_model_calibration",
+        "recommendation", "recommendation_check", "recommendation_ranking")}
     acc, points, errors = t["acceptance_table"], t["speed_points"], t["predictor_errors"]
     drift, be, best = t["drift"], t["breakeven"], t["best_k"]
     div_counts, divs = t["divergence_counts"], t["divergences"]
@@ -121,6 +131,8 @@ def build_report(params: dict) -> str:
               markdown_table(points[["pair", "kind", "k", "runs", "measured", "measured_lo", "measured_hi",
                                      "predicted_iid", "predicted_empirical", "alpha", "c_draft", "c_verify"]]), "",
               "Mean absolute error of each predictor against the measured speed-up:\n", markdown_table(errors), ""]
+    s += time_model_section(t, figs, report)
+    s += planner_section(t)
     s += ["## Drafters and k policies\n", _fig(figs, report, "strategies.png", "adaptive vs best fixed k")]
     if not comparison.empty:
         s += ["Adaptive k against the best fixed k, greedy (the points of the figure; `speedup_lo`/`_hi`: 95% "
@@ -159,6 +171,103 @@ def build_report(params: dict) -> str:
     s += batch_section(t["batch_costs"], t["batch_speedups"], figs, report)
     s += jobs_section(jobs, campaign)
     return "\n".join(s)
+
+
+def time_model_section(t: dict[str, pd.DataFrame], figs: Path, report: Path) -> list[str]:
+    """Issue 10: the time model against the i.i.d. formula on held-out prompts, and exercise 4."""
+    points, errors, cal, ex4 = (t[n] for n in ("time_model_points", "time_model_errors", "time_model_calibration",
+                                                "time_model_exercise4"))
+    if points.empty or cal.empty:
+        return ["## Predicting the speed-up: the time model\n", "_no time-model results yet (analysis.time_model)_\n"]
+    c = cal.iloc[0]
+    s = ["## Predicting the speed-up: the time model\n",
+         f"Campaign **{c.campaign}** (`params.yaml: time_model.campaign`), one session on one machine. "
+         f"**Calibration** (timing stage and the acceptance stage's own loop times): prompts {c.calibration_prompts}. "
+         f"**Validation** (speed stage, adjacent rotated runs; nothing fitted on it): the held-out prompts "
+         f"{c.held_out_prompts}. The model prices each recorded iteration: the draft's catch-up pass (1 or 2 "
+         "tokens, more after lookup), its single-token steps, the target's pass over k + 1 tokens at the "
+         "iteration's context, both prefills, and the loop's own costs; tokens per iteration are the recorded ones, "
+         "so bursts, EOS and the budget's short last iteration are included. Two variants: *own acceptance* replays "
+         "each held-out prompt's own acceptance run (the cheap stage run on the user's prompts), *kind sample* "
+         "replays the calibration prompts of the same kind (what the planner does for unseen prompts). The i.i.d. "
+         "formula uses the same acceptance, with c_draft and c_verify(k) from the same timing rows.\n",
+         f"Calibrated constants: target step {c.target_step_ms:.1f} ms, draft step {c.draft_step_ms:.1f} ms at "
+         f"{c.context_ref:.0f} tokens of context (+{1e3 * c.target_ms_per_context_token:.1f} / "
+         f"+{1e3 * c.draft_ms_per_context_token:.1f} us per further token); in-loop / isolated pass time: "
+         f"target passes x{c.target_scale:.3f}, draft x{c.draft_scale:.3f}; per iteration: rollback "
+         f"{c.rollback_ms:.2f} ms, bookkeeping {c.bookkeeping_ms:.2f} ms, lookup {c.lookup_ms:.2f} ms.\n",
+         _fig(figs, report, "time_model_speedup.png", "time model vs i.i.d. formula"),
+         markdown_table(points), "",
+         "Error of each predictor against the measured median (absolute; signed mean > 0 = over-prediction):\n",
+         markdown_table(errors), "",
+         _fig(figs, report, "time_model_decomposition.png", "where the time goes")]
+    if not ex4.empty:
+        s += exercise4_text(ex4, t["time_model_decomposition"])
+    return s
+
+
+def exercise4_text(ex4: pd.DataFrame, dec: pd.DataFrame) -> list[str]:
+    """The chapter's exercise 4 answered with this campaign's numbers."""
+    show = ex4[ex4.kind != "all"]
+    s = ["### Exercise 4: why the formula over-predicts on code\n",
+         "Per kind and k, over every speed run of the draft model at a fixed k: alpha-hat and the share of "
+         "all-accepted iterations from the acceptance stage, tokens per pass counted vs the formula's "
+         "(1 - a^(k+1))/(1 - a), and the time of an iteration (wall minus prefill, per iteration) vs the "
+         "formula's k draft steps + one check. `tokens_factor` x `iteration_factor` is how much the formula "
+         "over-states tokens per second of the speculative run (before prefills).\n",
+         markdown_table(show[["kind", "k", "alpha", "bonus_share", "tokens_per_pass", "tokens_per_pass_formula",
+                              "draft_ms_per_iter", "draft_ms_formula", "iteration_ms", "iteration_ms_formula",
+                              "prefill_share", "tokens_factor", "iteration_factor"]]), ""]
+    at = show[show.k == (6 if (show.k == 6).any() else show.k.max())].set_index("kind")
+    if {"code", "prose"} <= set(at.index):
+        code, prose = at.loc["code"], at.loc["prose"]
+        over = {kd: r.tokens_factor * r.iteration_factor for kd, r in at.iterrows()}
+        d = dec[(dec.source == "predicted") & (dec.kind == "code") & (dec.k == code.k)] if not dec.empty else dec
+        catch_up = (f"{100 * (d.catch_up_ms / (d.catch_up_ms + d.draft_steps_ms)).iloc[0]:.1f}%" if len(d)
+                    else "a share")
+        main = "tokens per pass" if abs(np.log(code.tokens_factor)) >= abs(np.log(code.iteration_factor)) \
+            else "the time of an iteration"
+        s.append(
+            f"In plain words, at k = {int(code.k)}: the formula's throughput for code is off by x{over['code']:.2f} "
+            f"(prose x{over['prose']:.2f}), and the larger part of it is {main}. Code's alpha is {code.alpha:.2f} "
+            f"against prose's {prose.alpha:.2f}, but its acceptances come in runs: {100 * code.bonus_share:.0f}% of "
+            f"its iterations accept every proposal (prose {100 * prose.bonus_share:.0f}%), with the rejections "
+            f"clustered in between, so one alpha does not describe it: the formula turns alpha into "
+            f"{code.tokens_per_pass_formula:.2f} tokens per pass where the runs produced {code.tokens_per_pass:.2f} "
+            f"(x{code.tokens_factor:.2f}; prose x{prose.tokens_factor:.2f}). And an iteration does not cost k draft "
+            f"steps and one check: {code.iteration_ms:.0f} ms measured against {code.iteration_ms_formula:.0f} ms "
+            f"(x{code.iteration_factor:.2f}; prose x{prose.iteration_factor:.2f}): the draft's calls run at "
+            f"{code.draft_ms_per_iter:.0f} ms per iteration against k steps' {code.draft_ms_formula:.0f} ms (every "
+            f"all-accepted iteration makes the next first call a 2-token catch-up: {catch_up} of the predicted draft "
+            f"time here), the check runs at the output's growing context, and the loop has its own per-iteration work. "
+            f"Prefills (both models) are a further {100 * code.prefill_share:.0f}% of a code run that the formula "
+            f"does not count. The time model replays the recorded iterations with these costs instead of averaging "
+            f"them into one alpha and one step time; its errors are in the table above, next to the formula's.\n")
+    return s
+
+
+def planner_section(t: dict[str, pd.DataFrame]) -> list[str]:
+    plan, check, ranking = t["recommendation"], t["recommendation_check"], t["recommendation_ranking"]
+    if plan.empty:
+        return []
+    rec = plan[plan.recommended]
+    s = ["## The planner's recommendation, checked\n",
+         "`python -m pipeline.run +sweep=plan` ran the timing and acceptance stages on the calibration prompts "
+         "(every drafter at k = 1..8 and the cost-model policy) and predicted each configuration with the time "
+         "model; `python -m analysis.recommend` prints it. Recommended per kind (interval: bootstrap over the "
+         "sample prompts):\n",
+         markdown_table(rec[["pair", "kind", "drafter", "k_policy", "k", "prompts", "predicted", "predicted_lo",
+                             "predicted_hi", "predicted_iid"]]), ""]
+    if not check.empty:
+        s += ["The speed stage ran the recommendation as an arm in the same rotated blocks as plain, every fixed "
+              "configuration, the cost-model policy and transformers' assisted generation with default settings, on "
+              "all prompts (`+sweep=check_plan`). Ratios are medians of within-block tokens/s ratios (95% "
+              "bootstrap interval; `met` compares the median with the goal, and where the interval straddles the "
+              "goal the comparison is a tie at this number of blocks; `speedup_a`/`_b` are each arm's pooled median "
+              "speed-up over its adjacent plain run, a second view that need not agree with the within-block ratio):\n",
+              markdown_table(check), "",
+              "Every arm's pooled speed-up over the adjacent plain run:\n", markdown_table(ranking), ""]
+    return s
 
 
 def batch_section(costs: pd.DataFrame, speed: pd.DataFrame, figs: Path, report: Path) -> list[str]:

@@ -43,6 +43,7 @@ class PromptsConf:
     file: str = "default.yaml"
     kinds: list[str] = field(default_factory=lambda: ["prose", "code", "structured"])
     per_kind: int = 0
+    skip_per_kind: int = 0
 
 
 @dataclass
@@ -90,11 +91,12 @@ class CostModelKConf:
     name: str = "cost_model"
     k_min: int = 1
     k_max: int = 10
-    decay: float = 0.7
+    decay: float = 0.9
     alpha0: float = 0.6
     prior_weight: float = 2.0
     c_draft: Optional[float] = None
     c_verify: Optional[float] = None
+    estimator: str = "positions"
 
 
 @dataclass
@@ -109,25 +111,43 @@ class TimingStage(StageBase):
     repeats: int = 20
     warmup: int = 3
     prompts_to_time: int = 1
+    context_extra: list[int] = field(default_factory=lambda: [0])
+    prefill: bool = False
 
 
 @dataclass
-class AcceptanceStage(StageBase):
+class KsStage(StageBase):
     ks: list[int] = field(default_factory=list)
 
 
 @dataclass
-class SpeedStage(AcceptanceStage):
+class AcceptanceStage(KsStage):
+    drafters: list[str] = field(default_factory=list)
+    k_policies: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SpeedStage(KsStage):
     rounds: int = 1
     peer: bool = False
     peer_modes: list[str] = field(default_factory=lambda: ["matched"])
     k_policies: list[str] = field(default_factory=list)
     timing_repeats: int = 10
     timing_warmup: int = 2
+    drafters: list[str] = field(default_factory=list)
+    drafter_ks: list[int] = field(default_factory=list)
+    recommended: bool = False
 
 
 @dataclass
-class DivergenceStage(AcceptanceStage):
+class PlanStage(TimingStage, AcceptanceStage):
+    acceptance_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
+    bootstrap: int = 1000
+    level: float = 0.9
+
+
+@dataclass
+class DivergenceStage(KsStage):
     rounds: int = 1
     tie_ulps: int = 4
 
@@ -189,7 +209,8 @@ def register() -> None:
     cs.store(name="speclab_schema", node=SpeclabConf)
     for group, options in {
         "stage": {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage,
-                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage, "batch": BatchStage},
+                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage, "batch": BatchStage,
+                  "plan": PlanStage},
         "drafter": {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf, "hybrid": HybridConf},
         "k_policy": {"fixed": FixedKConf, "heuristic": HeuristicKConf, "cost_model": CostModelKConf},
     }.items():
@@ -256,6 +277,7 @@ CHECKS: dict[str, Check] = {
     "prompts.kinds": (lambda v: isinstance(v, (list, ListConfig)) and len(v) > 0 and all(str(x).strip() for x in v),
                       "a non-empty list of prompt kinds, e.g. [prose,code]"),
     "prompts.per_kind": (_int_at_least(0)[0], "an integer >= 0 (0: every prompt of each kind)"),
+    "prompts.skip_per_kind": (_int_at_least(0)[0], "an integer >= 0 (prompts of each kind to leave out first)"),
     "sampling.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k filter)"),
     "sampling.top_p": _number_in(0, 1, lo_open=True),
     "drafter.name": _one_of("model", "prompt_lookup", "hybrid"),
@@ -270,6 +292,7 @@ CHECKS: dict[str, Check] = {
     "k_policy.prior_weight": _number_in(0, float("inf"), hi_open=True),
     "k_policy.c_draft": _positive_or_null(),
     "k_policy.c_verify": _positive_or_null(),
+    "k_policy.estimator": _one_of("iid", "positions"),
     "stage.ks": _ints_at_least(1),
     "stage.batch_sizes": _ints_at_least(1, nonempty=True),
     "stage.acceptance_ks": _ints_at_least(1, nonempty=True),
@@ -279,6 +302,11 @@ CHECKS: dict[str, Check] = {
     "stage.prompts_to_time": _int_at_least(1),
     "stage.rounds": _int_at_least(1),
     "stage.k_policies": _subset_of("cost_model", "heuristic"),
+    "stage.drafters": _subset_of("model", "prompt_lookup", "hybrid"),
+    "stage.drafter_ks": _ints_at_least(1),
+    "stage.context_extra": _ints_at_least(0, nonempty=True),
+    "stage.bootstrap": _int_at_least(100),
+    "stage.level": _number_in(0, 1, lo_open=True, hi_open=True),
     "stage.peer_modes": _subset_of("matched", "default", "lookup"),
     "stage.timing_repeats": _int_at_least(1),
     "stage.timing_warmup": _int_at_least(0),

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from pipeline.jobs import config_hash
 from pipeline.prompts import Prompt, check_fits, context_limit, encode, load_prompts
 from speclab.models import ModelPair, load_pair
+from speclab.time_model import CostTable  # noqa: F401 - in annotations
 
 
 @dataclass
@@ -18,13 +19,13 @@ class StageContext:
     prompts: list[Prompt]
     inputs: dict[str, torch.Tensor]  # prompt id -> token ids on the pair's device
     config_hash: str
-    _costs: tuple[float, dict[int, float]] | None = None
+    _costs: "CostTable | None" = None
 
-    def costs(self) -> tuple[float, dict[int, float]] | None:
-        """Cost ratios for the cost-model k policy, measured once per job and only when it is used."""
-        if self.cfg.k_policy.name != "cost_model" and "cost_model" not in (self.cfg.stage.get("k_policies") or []):
-            return None
-        if self._costs is None:
+    def costs(self, needed: bool = False) -> "CostTable | None":
+        """The cost-model k policy's price table, measured once per job and only when it is used
+        (``needed``: a plan's recommendation uses the policy although the config does not name it)."""
+        used = self.cfg.k_policy.name == "cost_model" or "cost_model" in (self.cfg.stage.get("k_policies") or [])
+        if self._costs is None and (used or needed):
             from pipeline.strategies import measured_costs
 
             self._costs = measured_costs(self, int(self.cfg.k_policy.get("k_max", 10)))
@@ -41,7 +42,8 @@ def job_k_max(cfg: DictConfig) -> int:
 
 
 def load_job_prompts(cfg: DictConfig) -> list[Prompt]:
-    return load_prompts(cfg.prompts.file, list(cfg.prompts.kinds), int(cfg.prompts.per_kind))
+    return load_prompts(cfg.prompts.file, list(cfg.prompts.kinds), int(cfg.prompts.per_kind),
+                        int(cfg.prompts.get("skip_per_kind", 0)))
 
 
 def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageContext:

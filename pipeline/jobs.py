@@ -20,12 +20,21 @@ VOLATILE = ("force", "mlflow.", "outputs_dir", "threads", "campaign")
 
 # Keys added after results were stored, at the value that reproduces the old behaviour: left out of
 # the hash, so a job that measures what it measured before keeps its identity (and its finished file).
-HASH_NEUTRAL = {"stage.peer_modes": ["matched"]}
+HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "stage.prefill": False,
+                "stage.drafters": [], "stage.drafter_ks": [], "stage.recommended": False,
+                "stage.k_policies": [], "prompts.skip_per_kind": 0,
+                "k_policy.estimator": "iid"}
+# Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
+NEUTRAL_ONLY_FOR = {"stage.k_policies": ("acceptance",)}
+
+
+def _neutral(key: str, value: object, stage: str) -> bool:
+    return key in HASH_NEUTRAL and value == HASH_NEUTRAL[key] and stage in NEUTRAL_ONLY_FOR.get(key, (stage,))
 
 
 def config_hash(cfg: DictConfig) -> str:
-    flat = {k: v for k, v in flatten(cfg).items()
-            if not k.startswith(VOLATILE) and not (k in HASH_NEUTRAL and v == HASH_NEUTRAL[k])}
+    stage = str(cfg.stage.name)
+    flat = {k: v for k, v in flatten(cfg).items() if not k.startswith(VOLATILE) and not _neutral(k, v, stage)}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -54,10 +54,16 @@ def _parse(path: Path) -> list[Prompt]:
     return prompts
 
 
-def load_prompts(file: str, kinds: list[str], per_kind: int = 0) -> list[Prompt]:
-    """Prompts from ``file`` (a name in pipeline/prompts/ or a path), filtered to ``kinds``."""
+def load_prompts(file: str, kinds: list[str], per_kind: int = 0, skip_per_kind: int = 0) -> list[Prompt]:
+    """Prompts from ``file`` (a name in pipeline/prompts/ or a path), filtered to ``kinds``.
+
+    ``skip_per_kind`` leaves out the first n of each kind, then ``per_kind`` keeps the first n of the
+    rest (0: all): a plan on ``per_kind=2`` and a check on ``skip_per_kind=2`` use disjoint prompts.
+    """
     if per_kind < 0:
         raise ValueError(f"prompts.per_kind={per_kind} is not allowed: use 0 (every prompt) or n >= 1")
+    if skip_per_kind < 0:
+        raise ValueError(f"prompts.skip_per_kind={skip_per_kind} is not allowed: use an integer >= 0")
     path = Path(file) if Path(file).is_file() else PROMPT_DIR / file
     if not path.is_file():
         shipped = sorted(p.name for p in PROMPT_DIR.glob("*.yaml"))
@@ -69,7 +75,7 @@ def load_prompts(file: str, kinds: list[str], per_kind: int = 0) -> list[Prompt]
         raise ValueError(f"prompt kinds {unknown} not in {path.name}: allowed are {available}")
     chosen: list[Prompt] = []
     for kind in kinds:
-        of_kind = [p for p in prompts if p.kind == kind]
+        of_kind = [p for p in prompts if p.kind == kind][skip_per_kind:]
         chosen += of_kind[:per_kind] if per_kind > 0 else of_kind
     if not chosen:
         raise ValueError(f"the prompt set is empty: {path.name} has no prompt of kinds {list(kinds)}")

@@ -88,7 +88,9 @@ def _run_name(cfg: DictConfig, part: str) -> str:
         bits.append(str(cfg.k_policy.name))
     if cfg.sampling.do_sample:
         bits.append(f"T{cfg.sampling.temperature:g}" + (f" p{cfg.sampling.top_p:g}" if cfg.sampling.top_p < 1 else ""))
-    bits.append("+".join(cfg.prompts.kinds) + (f"[{cfg.prompts.per_kind}]" if cfg.prompts.per_kind else ""))
+    skip = int(cfg.prompts.get("skip_per_kind", 0))
+    bits.append("+".join(cfg.prompts.kinds) + (f"[{cfg.prompts.per_kind}]" if cfg.prompts.per_kind else "")
+                + (f"[skip {skip}]" if skip else ""))
     bits.append(f"r{cfg.round}" + (f" rot{cfg.rotation}" if cfg.rotation else ""))
     bits.append(str(cfg.pair.name))
     return " ".join(bits)

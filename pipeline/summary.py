@@ -9,7 +9,8 @@ import pandas as pd
 
 RECORD = "speclab_job.json"  # written by each job into its Hydra output folder
 # The numbers a summary row shows, in order of preference, when the stage logged them.
-HEADLINE = ("speedup", "alpha", "identical_share", "c_draft", "plain_tokens_per_s", "no_power_contexts")
+HEADLINE = ("speedup", "alpha", "identical_share", "c_draft", "plain_tokens_per_s", "no_power_contexts",
+            "predicted_speedup_all")
 
 
 def headline(metrics: dict[str, float], n: int = 2) -> str:

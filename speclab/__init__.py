@@ -31,6 +31,10 @@ _EXPORTS = {
     "logits_to_probs": "speclab.sampling",
     "chi_square": "speclab.stats",
     "chi_square_top": "speclab.stats",
+    "CostTable": "speclab.time_model",
+    "PassModel": "speclab.time_model",
+    "TimeModel": "speclab.time_model",
+    "Trace": "speclab.time_model",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -59,3 +63,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
                               speculative_generate)
     from speclab.sampling import GREEDY, SamplingConfig, logits_to_probs  # noqa: F401
     from speclab.stats import chi_square, chi_square_top  # noqa: F401
+    from speclab.time_model import CostTable, PassModel, TimeModel, Trace  # noqa: F401

@@ -22,12 +22,19 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A draft language model with its own KV cache."""
+    """A draft language model with its own KV cache.
+
+    ``last_fed`` / ``last_calls``: tokens in the first forward call of the last ``propose`` (the
+    catch-up: 1 after a rejection, 2 after an all-accepted iteration, more after lookup iterations
+    of a hybrid) and the number of forward calls. A time model needs both: the first call of an
+    iteration is a multi-token pass, not a step.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.cache = new_cache(model)
         self.seen = 0  # positions of ids already in self.cache
+        self.last_fed = self.last_calls = 0
 
     def start(self, ids: torch.Tensor, n_ctx: int) -> None:
         self.cache = new_cache(self.model)
@@ -42,6 +49,7 @@ class ModelDrafter:
         # Feed whatever the draft has not seen yet: after an all-accepted iteration that is
         # its own last proposal plus the target's bonus token.
         inp = ids[:, self.seen:length]
+        self.last_fed, self.last_calls = (inp.shape[1], k) if k else (0, 0)
         proposals, dists = [], []
         for _ in range(k):
             logits = forward_logits(self.model, inp, self.cache, 1)[-1]
@@ -71,6 +79,8 @@ class PromptLookupDrafter:
     (``max_ngram`` down to ``min_ngram``). No match: no proposal, and the iteration is a plain step.
     No model and no cache: proposals are deterministic (their distribution is a point mass).
     """
+
+    last_fed = last_calls = 0  # no model runs
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -119,6 +129,7 @@ class HybridDrafter:
         self.model = ModelDrafter(model)
         self.min_match = min_match
         self.lookup_iterations = self.model_iterations = 0
+        self.last_fed = self.last_calls = 0
 
     def start(self, ids: torch.Tensor, n_ctx: int) -> None:
         self.model.start(ids, n_ctx)
@@ -129,9 +140,12 @@ class HybridDrafter:
         found = lookup_continuation(ids[0, :length], k, self.lookup.max_ngram, self.lookup.min_ngram)
         if found.numel() >= min(self.min_match, k):
             self.lookup_iterations += 1
+            self.last_fed = self.last_calls = 0
             return found, None
         self.model_iterations += 1
-        return self.model.propose(ids, length, k, sampling, generator)
+        out = self.model.propose(ids, length, k, sampling, generator)
+        self.last_fed, self.last_calls = self.model.last_fed, self.model.last_calls
+        return out
 
     def rollback(self, valid_length: int) -> None:
         self.model.rollback(valid_length)

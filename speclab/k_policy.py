@@ -5,7 +5,10 @@ import operator
 from typing import Protocol
 
 from speclab.acceptance import checked_proposals
+import numpy as np
+
 from speclab.cost_model import best_k
+from speclab.time_model import CostTable
 
 
 class KPolicy(Protocol):
@@ -84,10 +87,24 @@ class CostModelK:
     worth ``prior_weight`` checks at ``alpha0``. A decay of 0.7 forgets an iteration's evidence
     with a half-life of about two iterations, so the estimate follows the text (a stretch of
     boilerplate vs free prose) rather than the whole request.
+
+    With a ``table`` (``speclab.time_model.CostTable``: the draft's 1- and 2-token calls and each
+    verification pass, in target steps) k is chosen with the time model's iteration price, which
+    includes the catch-up after an all-accepted iteration and a jagged c_verify(k); without one,
+    with the chapter's k * c_draft + c_verify.
+
+    ``estimator="positions"`` (with a table) replaces the single alpha by one acceptance rate per
+    draft position (the same decayed counts, kept per position, each shrunk towards the pooled
+    alpha by ``prior_weight`` checks): acceptance comes in runs, so after the first proposal is
+    accepted the next ones are more likely to be, and a single alpha would under-price long k after
+    every rejection. Tokens per iteration at k are then 1 + the sum of the survival probabilities.
     """
 
     def __init__(self, c_draft: float, c_verify: float | dict[int, float] = 1.0, k_min: int = 1, k_max: int = 10,
-                 decay: float = 0.7, alpha0: float = 0.6, prior_weight: float = 2.0) -> None:
+                 decay: float = 0.7, alpha0: float = 0.6, prior_weight: float = 2.0,
+                 table: CostTable | None = None, estimator: str = "iid") -> None:
+        if estimator not in ("iid", "positions"):
+            raise ValueError(f"estimator={estimator!r} is not allowed: use 'iid' or 'positions'")
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay={decay} is not allowed: use a value in [0, 1)")
         k_min, k_max = as_count(k_min, "k_min"), as_count(k_max, "k_max")
@@ -97,11 +114,21 @@ class CostModelK:
             raise ValueError(f"c_draft={c_draft} is not allowed: a cost ratio is >= 0")
         self.c_draft, self.c_verify, self.k_min, self.k_max = c_draft, c_verify, k_min, k_max
         self.decay, self.alpha0, self.prior_weight = decay, alpha0, prior_weight
+        self.table = table
+        self.estimator = estimator if table is not None else "iid"
         self.start()
 
     def start(self) -> None:
         self.acc, self.chk = self.alpha0 * self.prior_weight, self.prior_weight
+        # Per draft position: decayed counts of proposals accepted there and of checks that reached it.
+        self.pos_acc, self.pos_chk = np.zeros(self.k_max), np.zeros(self.k_max)
         self._choose()
+
+    def survival(self) -> np.ndarray:
+        """P(the first j + 1 proposals are all accepted), j = 0..k_max-1, from the per-position rates."""
+        w, a = self.prior_weight, min(self.alpha, 0.999)
+        rate = (self.pos_acc + w * a) / (self.pos_chk + w)
+        return np.cumprod(np.minimum(rate, 0.999))
 
     @property
     def alpha(self) -> float:
@@ -114,11 +141,21 @@ class CostModelK:
     def _choose(self) -> None:
         # alpha = 1 exactly would make every k look equally unbounded; cap it just below.
         a = min(self.alpha, 0.999)
-        self._k = max(self.k_min, best_k(a, self.c_draft, self.c_verify, self.k_max))
+        if self.estimator == "positions":
+            self._k = self.table.best_k_for_survival(self.survival(), self.k_min, self.k_max)
+        elif self.table is not None:
+            self._k = self.table.best_k(a, self.k_min, self.k_max)
+        else:
+            self._k = max(self.k_min, best_k(a, self.c_draft, self.c_verify, self.k_max))
 
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
         self.acc = self.decay * self.acc + accepted
         self.chk = self.decay * self.chk + checked_proposals(accepted, proposed)
+        reached = min(int(checked_proposals(accepted, proposed)), self.k_max)
+        self.pos_acc *= self.decay
+        self.pos_chk *= self.decay
+        self.pos_acc[:min(accepted, self.k_max)] += 1
+        self.pos_chk[:reached] += 1
         self._choose()

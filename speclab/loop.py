@@ -26,6 +26,9 @@ class IterationStats:
     verify_s: float
     rollback_s: float
     total_s: float
+    length: int = 0  # tokens in the sequence (prompt included) before the iteration: its context
+    draft_fed: int = 0  # tokens in the draft model's first forward call (its catch-up); 0: no model ran
+    draft_calls: int = 0  # draft model forward calls
 
     @property
     def checked(self) -> int:
@@ -209,7 +212,9 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Mo
         iterations.append(IterationStats(
             k=k_used, accepted=n_acc, bonus=0 < k_used == n_acc, new_tokens=new_len - length,
             draft_s=d_sw.seconds, verify_s=v_sw.seconds, rollback_s=r_sw.seconds,
-            total_s=time.perf_counter() - t_iter,
+            total_s=time.perf_counter() - t_iter, length=length,
+            draft_fed=getattr(drafter, "last_fed", 0) if k_used else 0,
+            draft_calls=getattr(drafter, "last_calls", 0) if k_used else 0,
         ))
         length = new_len
         if cut is not None:

@@ -20,24 +20,36 @@ class PassTiming:
     samples: int
 
 
+def _summary(pass_len: int, s: list[float]) -> PassTiming:
+    s = sorted(s)
+    q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
+    return PassTiming(pass_len, statistics.median(s), q[0], q[2], len(s))
+
+
 def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: list[int],
-               repeats: int = 20, warmup: int = 3, progress: str | None = None, batch_size: int = 1) -> list[PassTiming]:
+               repeats: int = 20, warmup: int = 3, progress: str | None = None, batch_size: int = 1,
+               context_extra: int = 0) -> list[PassTiming]:
     """Median time of one forward pass over n new tokens on top of the prompt's cache, per n.
 
     The cache is cut back after every pass (outside the timed region), so every pass sees the
     same context length. Lengths are interleaved round by round so that slow drift of the
     machine spreads over all of them instead of biasing one. ``progress``: a label for a progress bar.
     ``batch_size`` B > 1 times the pass for B rows of the same prompt at once (B x n new tokens).
+    ``context_extra`` tokens are appended to the prompt first, so the passes see a longer context
+    (a generation's context grows by one token per token generated).
     """
     if any(n < 1 for n in pass_lengths):
         raise ValueError(f"pass lengths {pass_lengths} are not allowed: each must be >= 1")
+    if context_extra < 0:
+        raise ValueError(f"context_extra={context_extra} is not allowed: use an integer >= 0")
     device = prompt_ids.device
-    prompt_ids = prompt_ids[:1].expand(batch_size, -1)
+    vocab = model.config.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    extra = torch.randint(0, vocab, (1, context_extra), generator=gen).to(device)
+    prompt_ids = torch.cat([prompt_ids[:1], extra], dim=1).expand(batch_size, -1)
     cache = new_cache(model)
     forward_logits(model, prompt_ids, cache, 1)
     ctx = cache.get_seq_length()
-    vocab = model.config.vocab_size
-    gen = torch.Generator(device="cpu").manual_seed(0)
     new = torch.randint(0, vocab, (batch_size, max(pass_lengths)), generator=gen).to(device)
     samples: dict[int, list[float]] = {n: [] for n in pass_lengths}
     reps = range(warmup + repeats)
@@ -49,12 +61,28 @@ def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: l
             crop_to(cache, ctx)
             if rep >= warmup:
                 samples[n].append(sw.seconds)
-    out = []
-    for n in pass_lengths:
-        s = sorted(samples[n])
-        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-        out.append(PassTiming(n, statistics.median(s), q[0], q[2], len(s)))
-    return out
+    return [_summary(n, samples[n]) for n in pass_lengths]
+
+
+def prefill_times(model: torch.nn.Module, prompt_ids: torch.Tensor, lengths: list[int], repeats: int = 10,
+                  warmup: int = 2) -> list[PassTiming]:
+    """Median time of a prefill: one pass over the first n prompt tokens into an empty cache, per n.
+
+    The speculative loop prefills both models with all but the last prompt token (n - 1), plain
+    decoding prefills the target with all n: a time model needs both.
+    """
+    if any(not 1 <= n <= prompt_ids.shape[1] for n in lengths):
+        raise ValueError(f"prefill lengths {lengths} are not allowed: each must be in 1..{prompt_ids.shape[1]}")
+    samples: dict[int, list[float]] = {n: [] for n in lengths}
+    for rep in range(warmup + repeats):
+        for n in lengths:
+            cache = new_cache(model)
+            sw = Stopwatch(prompt_ids.device)
+            with sw:
+                forward_logits(model, prompt_ids[:1, :n], cache, 1)
+            if rep >= warmup:
+                samples[n].append(sw.seconds)
+    return [_summary(n, samples[n]) for n in lengths]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-STAGES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch")
+STAGES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch", "plan")
 
 
 @dataclass

@@ -19,6 +19,11 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
     ("do_sample", "bool"), ("temperature", "float64"), ("top_k", "int32"), ("top_p", "float64"),
     ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"), ("bonus", "bool"), ("new_tokens", "int32"),
+    # What a time model replays (speclab.time_model): the context of each iteration, the draft model's
+    # catch-up and calls, and the loop's own times (the run's prefill and wall time repeat on its rows).
+    ("prompt_len", "int32"), ("length", "int32"), ("draft_fed", "int32"), ("draft_calls", "int32"),
+    ("draft_s", "float64"), ("verify_s", "float64"), ("rollback_s", "float64"), ("total_s", "float64"),
+    ("prefill_s", "float64"), ("wall_s", "float64"),
 ])
 
 
@@ -46,24 +51,37 @@ def proposal_efficiency(df: pd.DataFrame) -> float:
     return df.accepted.sum() / df.proposed.sum() if df.proposed.sum() else float("nan")
 
 
+def configurations(cfg: DictConfig) -> list[tuple[str, str, int]]:
+    """(drafter, k policy, k) of every loop this job runs: each drafter at each k, then the extra
+    adaptive policies (``stage.k_policies``, with the job's own drafter, starting at the top-level k)."""
+    ks, policy = stage_ks(cfg, "acceptance_ks"), str(cfg.k_policy.name)
+    drafters = [str(d) for d in cfg.stage.get("drafters") or [cfg.drafter.name]]
+    extra = [str(p) for p in cfg.stage.get("k_policies") or [] if p != policy]
+    return [(d, policy, k) for d in drafters for k in ks] + [(str(cfg.drafter.name), p, int(cfg.k)) for p in extra]
+
+
 def run(ctx: StageContext) -> StageOutput:
     cfg, pair = ctx.cfg, ctx.pair
-    ks, sampling = stage_ks(cfg, "acceptance_ks"), sampling_config(cfg)
+    sampling = sampling_config(cfg)
     gen = generator(ctx)
-    drafter, policy_name = make_drafter(ctx), str(cfg.k_policy.name)
     rows = []
-    for k in ks:
-        for prompt in tqdm(ctx.prompts, desc=f"acceptance k={k}", leave=False):
-            res = speculative_generate(pair.target, drafter, ctx.inputs[prompt.id], int(cfg.max_new_tokens),
+    for drafter_name, policy_name, k in configurations(cfg):
+        drafter = make_drafter(ctx, drafter_name)
+        for prompt in tqdm(ctx.prompts, desc=f"acceptance {drafter_name} {policy_name} k={k}", leave=False):
+            ids = ctx.inputs[prompt.id]
+            res = speculative_generate(pair.target, drafter, ids, int(cfg.max_new_tokens),
                                        k=make_policy(ctx, policy_name, k, ctx.costs()), sampling=sampling,
                                        eos_token_id=pair.eos_token_id, generator=gen)
             for i, it in enumerate(res.iterations):
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
-                             "drafter": str(cfg.drafter.name), "k_policy": policy_name,
+                             "drafter": drafter_name, "k_policy": policy_name,
                              "do_sample": sampling.do_sample, "temperature": sampling.temperature,
                              "top_k": sampling.top_k, "top_p": sampling.top_p, "iteration": i,
                              "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
-                             "new_tokens": it.new_tokens})
+                             "new_tokens": it.new_tokens, "prompt_len": ids.shape[1], "length": it.length,
+                             "draft_fed": it.draft_fed, "draft_calls": it.draft_calls, "draft_s": it.draft_s,
+                             "verify_s": it.verify_s, "rollback_s": it.rollback_s, "total_s": it.total_s,
+                             "prefill_s": res.prefill_s, "wall_s": res.wall_s})
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
 
@@ -87,7 +105,8 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                  "iterations": len(sub), "prompts": sub.prompt_id.nunique(),
                  **{f"accept_pos{r.position}": r.conditional for r in position_acceptance(sub, int(k)).itertuples()}}))
         pooled = arms[-1].metrics
-        summary.append(f"k={k}: pooled alpha {pooled['alpha']:.3f} (accepted/checked; accepted/proposed "
+        what = "".join(f" {x}" for x, plain in ((drafter, "model"), (policy, "fixed")) if x != plain)
+        summary.append(f"k={k}{what}: pooled alpha {pooled['alpha']:.3f} (accepted/checked; accepted/proposed "
                        f"{pooled['proposal_efficiency']:.3f}); tokens per target pass {pooled['tokens_per_pass']:.2f} "
                        f"measured, {pooled['tokens_per_pass_formula']:.2f} from the formula")
         for kind, sub in at_k.groupby("kind", sort=False):

@@ -61,30 +61,48 @@ def _breakdown(res: GenerationResult) -> dict[str, float]:
 # library's defaults, and its prompt lookup.
 PEER_ARMS = {"matched": "hf_assisted", "default": "hf_default", "lookup": "hf_lookup"}
 PEER_MODES_BY_ARM = {arm: mode for mode, arm in PEER_ARMS.items()}
-Arm = tuple[str, int, str]  # (method, k, k policy); k = 0 for plain, the starting k for adaptive policies
+# (method, k, k policy, drafter); k = 0 for plain, the starting k for adaptive policies. The
+# recommended arm's k, policy and drafter are the plan's for the prompt's kind ("plan" until then).
+Arm = tuple[str, int, str, str]
+RECOMMENDED: Arm = ("recommended", 0, "plan", "plan")
 
 
 def arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
-    """Plain, speculative at each fixed k, each adaptive k policy, and (optionally) the peer at each k."""
-    default = str(ctx.cfg.k_policy.name)
-    out: list[Arm] = [("plain", 0, "none")] + [("speculative", k, default) for k in ks]
-    out += [("speculative", int(ctx.cfg.k), str(p)) for p in ctx.cfg.stage.get("k_policies") or [] if p != default]
-    if ctx.cfg.stage.peer:
-        for mode in ctx.cfg.stage.get("peer_modes") or ["matched"]:
+    """Plain, speculative at each fixed k, each adaptive k policy, the other drafters, the plan's
+    recommendation and (optionally) the peer."""
+    st, default, drafter = ctx.cfg.stage, str(ctx.cfg.k_policy.name), str(ctx.cfg.drafter.name)
+    out: list[Arm] = [("plain", 0, "none", "none")] + [("speculative", k, default, drafter) for k in ks]
+    out += [("speculative", int(ctx.cfg.k), str(p), drafter) for p in st.get("k_policies") or [] if p != default]
+    out += [("speculative", k, "fixed", str(d)) for d in st.get("drafters") or [] if d != drafter
+            for k in [int(x) for x in st.get("drafter_ks") or []] or ks]
+    if st.get("recommended"):
+        out.append(RECOMMENDED)
+    if st.peer:
+        for mode in st.get("peer_modes") or ["matched"]:
             method = PEER_ARMS[mode]
             # The library's default schedule picks its own number of proposals: k = 0 marks "not ours".
-            out += [(method, 0, "library_default")] if mode == "default" else [(method, k, "fixed") for k in ks]
+            out += ([(method, 0, "library_default", "model")] if mode == "default" else
+                    [(method, k, "fixed", "prompt_lookup" if mode == "lookup" else "model") for k in ks])
     return out
+
+
+def resolve(arm: Arm, kind: str, plan: dict[str, Arm] | None) -> Arm:
+    """The configuration an arm runs for a prompt of this kind (the plan's choice for the recommended arm)."""
+    if arm != RECOMMENDED:
+        return arm
+    assert plan is not None
+    return plan.get(kind) or plan["all"]
 
 
 def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, float, dict]:
     pair = ctx.pair
-    (method, k, policy), n_new, sampling = arm, int(ctx.cfg.max_new_tokens), sampling_config(ctx.cfg)
-    if method == "plain":
+    (method, k, policy, drafter), n_new, sampling = arm, int(ctx.cfg.max_new_tokens), sampling_config(ctx.cfg)
+    if method == "plain" or drafter == "none":  # the plan may recommend not speculating
         r = plain_generate(pair.target, ids, n_new, sampling, pair.eos_token_id, gen)
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
-    if method == "speculative":
-        r = speculative_generate(pair.target, make_drafter(ctx), ids, n_new, k=make_policy(ctx, policy, k, ctx.costs()),
+    if method in ("speculative", "recommended"):
+        r = speculative_generate(pair.target, make_drafter(ctx, drafter), ids, n_new,
+                                 k=make_policy(ctx, policy, k, ctx.costs()),
                                  sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
     mode = PEER_MODES_BY_ARM[method]
@@ -97,12 +115,14 @@ def run(ctx: StageContext) -> StageOutput:
     cfg, st = ctx.cfg, ctx.cfg.stage
     ks, sampling = stage_ks(cfg), sampling_config(cfg)
     names = arms(ctx, ks)
+    plan = latest_plan(ctx.cfg) if RECOMMENDED in names else None
     gen = generator(ctx)
-    ctx.costs()  # measured before the runs when an adaptive policy needs them
+    # Measured before the runs when an adaptive policy (the job's or the plan's) needs them.
+    ctx.costs(needed=any(a[2] == "cost_model" for a in (plan or {}).values()))
     log.info("speed: warm-up (plain and the first speculative arm on one prompt)")
     for arm in tqdm(names[:2], desc="speed warm-up", leave=False):
         run_arm(ctx, arm, ctx.inputs[ctx.prompts[0].id], gen)
-    arm_ks = sorted({k for _, k, _ in names if k})
+    arm_ks = sorted({k for _, k, _, _ in names if k} | {k for a in (plan or {}).values() for k in [a[1]] if k})
     log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
     before = step_times(ctx, arm_ks, "step times before")
     rows, block = [], 0
@@ -112,19 +132,17 @@ def run(ctx: StageContext) -> StageOutput:
             shift = (int(cfg.rotation) + int(cfg.round) + block) % len(names)
             order = names[shift:] + names[:shift]
             ids = ctx.inputs[prompt.id]
-            results = {arm: run_arm(ctx, arm, ids, gen) for arm in order}
-            plain_tokens, plain_wall = results[("plain", 0, "none")][:2]
+            results = {arm: run_arm(ctx, resolve(arm, prompt.kind, plan), ids, gen) for arm in order}
+            plain_tokens, plain_wall = results[names[0]][:2]
             plain_tps = len(plain_tokens) / plain_wall
             mem = memory_columns(ctx)
             for arm in order:
                 toks, wall, prefill, extra = results[arm]
                 tps = len(toks) / wall
+                _, k, policy, drafter = resolve(arm, prompt.kind, plan)
                 rows.append({**identity(ctx), "round": int(cfg.round) + r, "rotation": int(cfg.rotation),
                              "block": block, "prompt_id": prompt.id, "kind": prompt.kind, "arm": arm[0],
-                             "position": order.index(arm), "k": arm[1], "k_policy": arm[2],
-                             "drafter": "none" if arm[0] == "plain" else (
-                                 "prompt_lookup" if arm[0] == "hf_lookup" else
-                                 "model" if arm[0] in PEER_MODES_BY_ARM else str(cfg.drafter.name)),
+                             "position": order.index(arm), "k": k, "k_policy": policy, "drafter": drafter,
                              "do_sample": sampling.do_sample,
                              "temperature": sampling.temperature, "top_p": sampling.top_p,
                              "new_tokens": len(toks), "wall_s": wall, "prefill_s": prefill, "tokens_per_s": tps,
@@ -139,6 +157,21 @@ def run(ctx: StageContext) -> StageOutput:
         df[f"draft_step_{when}_s"] = d_step
         df[f"verify_{when}_s"] = df.k.map(verify).astype(float)  # NaN for plain rows
     return summarize(df, cfg)
+
+
+def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
+    """kind -> the recommended configuration of this pair's most recent plan in this campaign."""
+    from pipeline.jobs import campaign_dir
+    from pipeline.parquet import read_meta
+
+    files = sorted((campaign_dir(cfg) / "plan").glob(f"{cfg.pair.name}-*.parquet"),
+                   key=lambda p: str((read_meta(p) or {}).get("finished_at", "")))
+    if not files:
+        raise ValueError(f"stage.recommended=true needs a plan for pair {cfg.pair.name} in campaign {cfg.campaign}: "
+                         f"run `python -m pipeline.run +sweep=plan campaign={cfg.campaign}` first")
+    rec = pd.read_parquet(files[-1])
+    rec = rec[rec.recommended]
+    return {str(r.kind): ("recommended", int(r.k), str(r.k_policy), str(r.drafter)) for r in rec.itertuples()}
 
 
 def _arm_name(method: str, k: int, policy: str, drafter: str, kind: str) -> str:

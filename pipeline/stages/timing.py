@@ -1,4 +1,5 @@
-"""Stage timing: target and draft step time after the prompt, and target pass time over 1..9 new tokens."""
+"""Stage timing: target and draft pass times over 1..9 new tokens after the prompt (and after longer
+contexts: ``context_extra``), and optionally both models' prefill times (rows with context_len 0)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,7 +9,7 @@ from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns
-from speclab.step_costs import pass_times
+from speclab.step_costs import pass_times, prefill_times
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("context_len", "int32"), ("model", "string"),
@@ -21,13 +22,21 @@ def run(ctx: StageContext) -> StageOutput:
     st = ctx.cfg.stage
     lengths = [int(n) for n in st.pass_lengths]
     rows = []
+    extras = [int(e) for e in st.get("context_extra") or [0]]
     for prompt in ctx.prompts[: int(st.prompts_to_time)]:
         ids = ctx.inputs[prompt.id]
+        n = ids.shape[1]
         for role, model in (("target", ctx.pair.target), ("draft", ctx.pair.draft)):
             mem = memory_columns(ctx)  # where the weights are when this time is taken
-            for t in pass_times(model, ids, lengths, int(st.repeats), int(st.warmup)):
+            timed = [(n + e, t) for e in extras
+                     for t in pass_times(model, ids, lengths, int(st.repeats), int(st.warmup), context_extra=e)]
+            if st.get("prefill"):
+                # Context 0: a prefill of the first pass_len prompt tokens (n - 1 in the loop, n in plain decoding).
+                timed += [(0, t) for t in prefill_times(model, ids, sorted({max(n - 1, 1), n}), int(st.repeats),
+                                                        int(st.warmup))]
+            for context_len, t in timed:
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind,
-                             "context_len": ids.shape[1], "model": role, "pass_len": t.pass_len,
+                             "context_len": context_len, "model": role, "pass_len": t.pass_len,
                              "median_s": t.median_s, "q25_s": t.q25_s, "q75_s": t.q75_s,
                              "samples": t.samples, **mem})
     df = pd.DataFrame(rows)
@@ -36,8 +45,10 @@ def run(ctx: StageContext) -> StageOutput:
 
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """Headline metrics and summary lines of a timing result (also used to log a run from its file)."""
-    lengths = sorted(int(n) for n in df.pass_len.unique())
-    med = df.groupby(["model", "pass_len"]).median_s.median()
+    passes = df[df.context_len > 0]  # context 0 rows are prefills
+    lengths = sorted(int(n) for n in passes.pass_len.unique())
+    med = passes[passes.context_len == passes.groupby("prompt_id").context_len.transform("min")].groupby(
+        ["model", "pass_len"]).median_s.median()
     target_step = med[("target", 1)]
     metrics = {"target_step_ms": 1e3 * target_step, "draft_step_ms": 1e3 * med[("draft", 1)],
                "c_draft": med[("draft", 1)] / target_step}

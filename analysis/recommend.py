@@ -1,0 +1,154 @@
+"""Print the planner's recommendation per prompt kind, and how it fared in adjacent runs.
+
+    python -m analysis.recommend                       (the most recent plan of any campaign)
+    python -m analysis.recommend --campaign timemodel  (that campaign's plan, and its check)
+
+The plan comes from `python -m pipeline.run +sweep=plan` (stage plan). When the same campaign holds
+speed runs with the `recommended` arm (`+sweep=check_plan`), the check compares it, block by block,
+with every fixed configuration, transformers' assisted generation with default settings, and the
+cost-model policy with fixed k = 4. ``--write`` also stores both tables (the DVC stage does).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_table
+from analysis.inputs import AnalysisError, read_stage_file, stage_paths
+
+GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
+         "cost-model policy vs fixed k=4": 1.0}
+
+
+def latest_campaign(outputs_dir: str) -> str:
+    """The campaign whose plan finished last."""
+    found = []
+    for folder in sorted((Path(outputs_dir) / "campaigns").glob("*/plan")):
+        for path in stage_paths(outputs_dir, folder.parent.name, "plan"):
+            found.append((str(read_stage_file(path, "plan", folder.parent.name).meta.get("finished_at", "")),
+                          folder.parent.name))
+    if not found:
+        raise AnalysisError("no plan found under outputs/campaigns/*/plan: run `python -m pipeline.run +sweep=plan` first")
+    return max(found)[1]
+
+
+def latest_plan(plan: pd.DataFrame) -> pd.DataFrame:
+    """Per pair, the rows of the most recent plan job (a campaign may hold several)."""
+    return plan[plan.config_hash == plan.groupby("pair").config_hash.transform("last")]
+
+
+def config_label(df: pd.DataFrame) -> pd.Series:
+    k = np.where(df.k_policy.isin(["fixed"]), " k=" + df.k.astype(str), "")
+    pol = np.where(df.k_policy.isin(["fixed", "none"]), "", " " + df.k_policy)
+    return df.arm + " " + df.drafter + pol + k
+
+
+def block_ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series) -> np.ndarray:
+    """tokens/s of arm rows ``a`` over arm rows ``b`` in the same block (one per block and round)."""
+    key = ["config_hash", "round", "block"]
+    x = speed[a].groupby(key).tokens_per_s.median()
+    y = speed[b].groupby(key).tokens_per_s.median()
+    both = x.index.intersection(y.index)
+    return (x[both] / y[both]).to_numpy()
+
+
+def check(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """The three comparisons of the plan's check, as medians of within-block ratios.
+
+    Only blocks that ran the recommended arm count, so every arm is pooled over the same prompts
+    and rounds (other speed jobs of the campaign may cover other prompts, other arms).
+    """
+    key = ["config_hash", "round", "block"]
+    checked = speed[speed.arm == "recommended"][key].drop_duplicates()
+    speed = speed.merge(checked, on=key)
+    if speed.empty:
+        return pd.DataFrame()
+    speed = speed.assign(config=config_label(speed))
+    rec = speed.arm == "recommended"
+    fixed = speed[(speed.arm == "speculative") & (speed.k_policy == "fixed")]
+    pooled = fixed.groupby("config").ratio_to_adjacent_plain.median().sort_values(ascending=False)
+    rows = []
+    comparisons = [("recommended vs best fixed", rec, speed.config == pooled.index[0], pooled.index[0])]
+    hf = speed.arm == "hf_default"
+    if hf.any():
+        comparisons.append(("recommended vs transformers default", rec, hf, "hf_default"))
+    cm = (speed.arm == "speculative") & (speed.k_policy == "cost_model") & (speed.drafter == "model")
+    k4 = (speed.arm == "speculative") & (speed.k_policy == "fixed") & (speed.drafter == "model") & (speed.k == 4)
+    if cm.any() and k4.any():
+        comparisons.append(("cost-model policy vs fixed k=4", cm, k4, "speculative model k=4"))
+    for name, a, b, b_label in comparisons:
+        r = block_ratios(speed, a, b)
+        lo, hi = bootstrap_ci(r, np.median, **boot)
+        med = float(np.median(r)) if len(r) else float("nan")
+        rows.append({"comparison": name, "baseline": b_label, "blocks": len(r), "median_ratio": med,
+                     "ratio_lo": lo, "ratio_hi": hi,
+                     "speedup_a": float(speed[a].ratio_to_adjacent_plain.median()),
+                     "speedup_b": float(speed[b].ratio_to_adjacent_plain.median()),
+                     "goal": GOALS[name], "met": bool(med >= GOALS[name])})
+    return pd.DataFrame(rows)
+
+
+def fixed_ranking(speed: pd.DataFrame) -> pd.DataFrame:
+    """Every arm's pooled median speed-up over adjacent plain runs, best first."""
+    s = speed[speed.arm != "plain"].assign(config=config_label(speed[speed.arm != "plain"]))
+    s.loc[s.arm == "recommended", "config"] = "recommended (per kind)"
+    return (s.groupby("config").ratio_to_adjacent_plain.agg(["median", "count"]).reset_index()
+            .rename(columns={"median": "speedup", "count": "runs"}).sort_values("speedup", ascending=False))
+
+
+def show_plan(plan: pd.DataFrame, top: int) -> str:
+    lines = []
+    for pair, p in plan.groupby("pair"):
+        lines.append(f"pair {pair}: plan on prompts {p.prompt_ids.iloc[0]} "
+                     f"({100 * p.level.iloc[0]:.0f}% intervals, bootstrap over prompts)")
+        for kind, g in p.groupby("kind", sort=True):
+            g = g.sort_values("rank").head(top)
+            for r in g.itertuples():
+                what = "plain (no speculation)" if r.drafter == "none" else \
+                    f"{r.drafter} " + (f"k={r.k}" if r.k_policy == "fixed" else r.k_policy)
+                mark = "recommended" if r.recommended else f"#{r.rank}"
+                lines.append(f"  {kind:10s} {mark:11s} {what:22s} predicted {r.predicted:.2f} "
+                             f"[{r.predicted_lo:.2f}, {r.predicted_hi:.2f}]  (i.i.d. formula {r.predicted_iid:.2f})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Print the planner's recommendation and its check.")
+    ap.add_argument("--campaign", help="campaign holding the plan (default: the one whose plan finished last)")
+    ap.add_argument("--top", type=int, default=3, help="configurations shown per kind (default 3)")
+    ap.add_argument("--write", action="store_true", help="also store the tables in the analysis folder")
+    args = ap.parse_args()
+    params = load_params()
+    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
+            "level": float(params["bootstrap"]["level"])}
+    campaign = args.campaign or latest_campaign(params["outputs_dir"])
+    plan = read_stage(params["outputs_dir"], "plan", campaign)
+    if plan.empty:
+        raise AnalysisError(f"campaign {campaign!r} holds no plan: run `python -m pipeline.run +sweep=plan "
+                            f"campaign={campaign}`")
+    plan = latest_plan(plan)
+    speed = read_stage(params["outputs_dir"], "speed", campaign)
+    checked = check(speed, boot) if not speed.empty else pd.DataFrame()
+    ranking = pd.DataFrame()
+    if not checked.empty:  # every arm, over the blocks that ran the recommendation
+        key = ["config_hash", "round", "block"]
+        ranking = fixed_ranking(speed.merge(speed[speed.arm == "recommended"][key].drop_duplicates(), on=key))
+    print(f"campaign {campaign}")
+    print(show_plan(plan, args.top))
+    if not checked.empty:
+        print("\ncheck in adjacent runs (median of within-block tokens/s ratios, 95% CI):")
+        print(markdown_table(checked))
+        print("pooled speed-up over plain, every arm:")
+        print(markdown_table(ranking))
+    if args.write:
+        out = Path(params["analysis_dir"])
+        save_table(plan.drop(columns=["campaign"], errors="ignore"), out / "recommendation.parquet")
+        save_table(checked, out / "recommendation_check.parquet")
+        save_table(ranking, out / "recommendation_ranking.parquet")
+
+
+if __name__ == "__main__":
+    run_script("analysis.recommend", main)

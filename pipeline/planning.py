@@ -1,0 +1,110 @@
+"""From timing and acceptance rows to a time model, per-run predictions and a recommendation per kind.
+
+The glue between the stages' tables and ``speclab.time_model`` (pure numpy), shared by the plan
+stage (which recommends) and the analysis (which validates the predictions against the speed stage).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from speclab.estimators import alpha_hat
+from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop, iid_speedup
+
+RUN_KEYS = ["prompt_id", "kind", "drafter", "k_policy", "k"]
+CONFIG_KEYS = ["drafter", "k_policy", "k"]
+TRACE_COLUMNS = ["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s", "rollback_s", "total_s"]
+
+
+def pass_models(timing: pd.DataFrame) -> tuple[PassModel, PassModel]:
+    """Target and draft pass models from timing rows (every prompt and context timed)."""
+    out = []
+    for role in ("target", "draft"):
+        sub = timing[timing.model == role]
+        if sub.empty:
+            raise ValueError(f"the timing rows hold no {role!r} model: the time model needs both")
+        out.append(PassModel.fit(sub.pass_len.to_numpy(), sub.context_len.to_numpy(), sub.median_s.to_numpy()))
+    return out[0], out[1]
+
+
+def check_traceable(acc: pd.DataFrame) -> None:
+    missing = [c for c in TRACE_COLUMNS if c not in acc or acc[c].isna().any()]
+    if missing:
+        raise ValueError(f"acceptance rows lack {missing}: they were written before the time model; "
+                         "rerun the acceptance stage (force=true) to record them")
+
+
+def traces(acc: pd.DataFrame) -> list[tuple[tuple, Trace, pd.DataFrame]]:
+    """One Trace per run (prompt, drafter, policy, k), in iteration order, with its rows."""
+    check_traceable(acc)
+    out = []
+    for key, g in acc.sort_values("iteration").groupby(RUN_KEYS, sort=True):
+        drafter = key[2]
+        out.append((key, Trace(
+            prompt_len=int(g.prompt_len.iloc[0]), proposed=g.proposed.to_numpy(), new_tokens=g.new_tokens.to_numpy(),
+            length=g.length.to_numpy(), draft_fed=g.draft_fed.to_numpy(), draft_calls=g.draft_calls.to_numpy(),
+            uses_model=drafter in ("model", "hybrid"), uses_lookup=drafter in ("prompt_lookup", "hybrid")), g))
+    return out
+
+
+def calibrate(timing: pd.DataFrame, acc: pd.DataFrame) -> TimeModel:
+    """Pass models from the timing rows, the loop's costs from the acceptance rows' own times."""
+    target, draft = pass_models(timing)
+    bare = TimeModel(target, draft)
+    runs = traces(acc)
+    loop = calibrate_loop(bare, [tr for _, tr, _ in runs],
+                          *([g[c].to_numpy() for _, _, g in runs] for c in ("draft_s", "verify_s", "rollback_s", "total_s")))
+    return TimeModel(target, draft, loop)
+
+
+def predict_runs(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
+    """Per acceptance run: the predicted speed-up, its parts (seconds), and the i.i.d. formula's number."""
+    t1 = float(model.target.time(1, model.target.ctx_ref))
+    c_draft = float(model.draft.time(1, model.target.ctx_ref)) / t1 if model.draft is not None else 0.0
+    rows = []
+    for key, tr, g in traces(acc):
+        spec, plain = model.speculative(tr), model.plain(tr.prompt_len, tr.tokens)
+        k = int(key[4])
+        a = alpha_hat(g.accepted, g.proposed)
+        cd = c_draft if tr.uses_model else 0.0
+        cv = float(model.target.time(k + 1, model.target.ctx_ref)) / t1
+        rows.append({**dict(zip(RUN_KEYS, key)), "tokens": tr.tokens, "iterations": len(tr.proposed),
+                     "alpha": a, "predicted": plain.total / spec.total,
+                     "predicted_iid": iid_speedup(a, k, cd, cv) if key[3] == "fixed" and a == a else np.nan,
+                     "plain_s": plain.total, "spec_s": spec.total, **{f"{p}_s": spec.parts[p] for p in PARTS}})
+    return pd.DataFrame(rows)
+
+
+def bootstrap_median(values: np.ndarray, samples: int, level: float, seed: int = 0) -> tuple[float, float, float]:
+    """Median and its percentile bootstrap interval over the given values (one per prompt)."""
+    values = np.asarray(values, float)
+    med = float(np.median(values))
+    if len(values) < 2:
+        return med, med, med
+    rng = np.random.default_rng(seed)
+    meds = np.median(rng.choice(values, (samples, len(values)), replace=True), axis=1)
+    lo, hi = np.quantile(meds, [(1 - level) / 2, (1 + level) / 2])
+    return med, float(lo), float(hi)
+
+
+PLAIN = {"drafter": "none", "k_policy": "none", "k": 0}  # no speculation: the baseline itself
+
+
+def recommend(pred: pd.DataFrame, samples: int = 1000, level: float = 0.9) -> pd.DataFrame:
+    """Per kind (and 'all'), every configuration's median predicted speed-up over the sample prompts,
+    its interval, and the recommended one (the highest median). Plain decoding is a candidate at
+    exactly 1: where no configuration is predicted to beat it, the advice is not to speculate."""
+    pooled = pd.concat([pred, pred.assign(kind="all")], ignore_index=True) if pred.kind.nunique() > 1 else pred
+    rows = [{"kind": kind, **PLAIN, "prompts": g.prompt_id.nunique(), "predicted": 1.0, "predicted_lo": 1.0,
+             "predicted_hi": 1.0, "predicted_iid": 1.0, "alpha": float("nan")}
+            for kind, g in pooled.groupby("kind", sort=True)]
+    for (kind, drafter, policy, k), g in pooled.groupby(["kind", *CONFIG_KEYS], sort=True):
+        med, lo, hi = bootstrap_median(g.predicted.to_numpy(), samples, level)
+        rows.append({"kind": kind, "drafter": drafter, "k_policy": policy, "k": int(k), "prompts": g.prompt_id.nunique(),
+                     "predicted": med, "predicted_lo": lo, "predicted_hi": hi,
+                     "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean())})
+    out = pd.DataFrame(rows)
+    best = out.groupby("kind").predicted.transform("max")
+    out["recommended"] = out.predicted.eq(best) & ~out.duplicated(["kind", "predicted"])
+    out["rank"] = out.groupby("kind").predicted.rank(ascending=False, method="first").astype(int)
+    return out.sort_values(["kind", "rank"]).reset_index(drop=True)

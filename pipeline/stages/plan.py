@@ -1,0 +1,72 @@
+"""Stage plan: from this job's timing and acceptance results, a predicted speed-up for every
+configuration tried (drafter, k policy, k) per prompt kind, and the recommended one per kind.
+
+Runs as the last part of ``stage=plan`` (parts timing, acceptance, plan), so the time model is
+calibrated on timings taken minutes before the acceptance runs it replays. Nothing here runs a model.
+"""
+from __future__ import annotations
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from pipeline.context import StageContext
+from pipeline.jobs import output_path
+from pipeline.parquet import make_schema
+from pipeline.planning import calibrate, predict_runs, recommend
+from pipeline.stages import ArmResult, StageOutput
+from pipeline.stages.common import IDENTITY_FIELDS, identity
+
+SCHEMA = make_schema(IDENTITY_FIELDS + [
+    ("kind", "string"), ("drafter", "string"), ("k_policy", "string"), ("k", "int32"), ("prompts", "int32"),
+    ("predicted", "float64"), ("predicted_lo", "float64"), ("predicted_hi", "float64"),
+    ("predicted_iid", "float64"), ("alpha", "float64"), ("rank", "int32"), ("recommended", "bool"),
+    ("level", "float64"), ("prompt_ids", "string"),
+])
+NEEDS = ("timing", "acceptance")
+
+
+def _this_job(cfg: DictConfig, stage: str) -> pd.DataFrame:
+    path = output_path(cfg, stage)
+    if not path.exists():
+        raise ValueError(f"stage plan needs this job's {stage} results ({path} is missing): "
+                         "run it as part of stage=plan, whose parts are [timing, acceptance, plan]")
+    return pd.read_parquet(path)
+
+
+def run(ctx: StageContext) -> StageOutput:
+    cfg = ctx.cfg
+    timing, acc = (_this_job(cfg, s) for s in NEEDS)
+    model = calibrate(timing, acc)
+    rec = recommend(predict_runs(model, acc), int(cfg.stage.bootstrap), float(cfg.stage.level))
+    rows = rec.assign(**identity(ctx), level=float(cfg.stage.level), prompt_ids=",".join(sorted(acc.prompt_id.unique())))
+    return summarize(rows, cfg)
+
+
+def describe(r) -> str:
+    if r.drafter == "none":
+        return "plain decoding (no speculation)"
+    policy = "" if r.k_policy == "fixed" else f" {r.k_policy}"
+    k = f" k={r.k}" if r.k_policy == "fixed" else ""
+    return f"{r.drafter}{policy}{k}"
+
+
+def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
+    """The recommendation per kind (child runs), and every kind's best on the job run."""
+    arms, summary, metrics = [], [], {}
+    for kind, g in df.groupby("kind", sort=True):
+        best = g[g.recommended].iloc[0]
+        fixed = g[(g.k_policy == "fixed") & (g.drafter == "model")]
+        runner = g[~g.recommended].sort_values("predicted", ascending=False)
+        arms.append(ArmResult(f"recommended {kind}", {"kind": kind, "drafter": best.drafter,
+                                                      "k_policy": best.k_policy, "k": int(best.k)},
+                              {"predicted_speedup": best.predicted, "predicted_lo": best.predicted_lo,
+                               "predicted_hi": best.predicted_hi, "prompts": int(best.prompts)}))
+        metrics[f"predicted_speedup_{kind}"] = float(best.predicted)
+        summary.append(f"{kind}: recommended {describe(best)}: predicted speed-up {best.predicted:.2f} "
+                       f"({100 * best.level:.0f}% interval {best.predicted_lo:.2f}-{best.predicted_hi:.2f}, "
+                       f"{best.prompts} prompts)"
+                       + (f"; next {describe(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
+                       + (f"; best draft-model fixed k={int(fixed.loc[fixed.predicted.idxmax()].k)} "
+                          f"{fixed.predicted.max():.2f}" if len(fixed) else ""))
+    summary.append("print it any time with: python -m analysis.recommend")
+    return StageOutput(df, metrics, summary, arms)

@@ -1,0 +1,258 @@
+"""A time model of speculative and plain decoding, calibrated on pass timings and acceptance traces.
+
+The chapter's i.i.d. formula prices an iteration at k draft steps plus one verification pass, all
+at one context length, and counts tokens with a geometric series. What it leaves out, and this
+model puts back:
+
+- pass times depend on the pass length n *and* on the context: ``PassModel`` holds a table over n
+  (jagged on CPUs: a 3-token pass can cost more than a 5-token one) and a per-n context slope;
+- both models prefill the prompt (the draft's prefill is work plain decoding never does);
+- the draft's first call of an iteration is a catch-up pass of 1 token after a rejection, 2 after an
+  all-accepted iteration (more after a hybrid's lookup iterations), not a one-token step;
+- tokens per iteration come from the *observed* iterations (``Trace``), so bursts, EOS and the
+  token budget's short last iteration are what they were, not an i.i.d. average;
+- the loop's own per-iteration work (the acceptance check, rollback, bookkeeping) and the in-loop
+  cost of a pass relative to the same pass timed alone (``LoopCosts``).
+
+Pure numpy: usable from a notebook; the pipeline's plan stage and the analysis call it with numbers
+read from the timing and acceptance stages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speclab.cost_model import expected_tokens_per_iteration
+
+
+def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept, slope) of y on x; a flat line through the mean when x does not vary."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return float(np.mean(y)), 0.0
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(intercept), float(slope)
+
+
+@dataclass(frozen=True)
+class PassModel:
+    """Seconds for one forward pass of n new tokens on top of ctx cached tokens, and for a prefill.
+
+    ``at_ref[n]``: the pass time at context ``ctx_ref``; ``slope[n]``: seconds per extra context
+    token (0 when only one context was timed); ``prefill`` = (intercept, seconds per token) of a
+    pass into an empty cache. Lengths beyond the table extrapolate from its last two entries.
+    """
+
+    at_ref: dict[int, float]
+    slope: dict[int, float]
+    ctx_ref: float
+    prefill: tuple[float, float]
+
+    def _at(self, table: dict[int, float], n: np.ndarray) -> np.ndarray:
+        lens = np.array(sorted(table))
+        vals = np.array([table[m] for m in lens])
+        out = np.interp(n, lens, vals)
+        if len(lens) > 1:  # straight line beyond the last timed length
+            step = (vals[-1] - vals[-2]) / (lens[-1] - lens[-2])
+            out = np.where(n > lens[-1], vals[-1] + step * (n - lens[-1]), out)
+        return out
+
+    def time(self, n: np.ndarray | int, ctx: np.ndarray | float) -> np.ndarray:
+        n = np.asarray(n, float)
+        return self._at(self.at_ref, n) + self._at(self.slope, n) * (np.asarray(ctx, float) - self.ctx_ref)
+
+    def prefill_time(self, n: np.ndarray | int) -> np.ndarray:
+        a, b = self.prefill
+        return np.maximum(a + b * np.asarray(n, float), 0.0)
+
+    @classmethod
+    def fit(cls, pass_len: np.ndarray, context_len: np.ndarray, seconds: np.ndarray) -> "PassModel":
+        """From timing rows of one model: rows with context_len 0 are prefills, the others passes."""
+        pass_len, context_len, seconds = (np.asarray(a, float) for a in (pass_len, context_len, seconds))
+        is_pass = context_len > 0
+        if not is_pass.any():
+            raise ValueError("no pass timings (rows with context_len > 0): the time model needs them")
+        ctx_ref = float(np.mean(context_len[is_pass]))
+        at_ref, slope = {}, {}
+        for n in np.unique(pass_len[is_pass]):
+            sel = is_pass & (pass_len == n)
+            a, b = _ols(context_len[sel] - ctx_ref, seconds[sel])
+            at_ref[int(n)], slope[int(n)] = a, max(b, 0.0)  # a longer context never makes a pass cheaper
+        pre = ~is_pass
+        if pre.any() and np.ptp(pass_len[pre]) >= 8:
+            prefill = _ols(pass_len[pre], seconds[pre])
+        elif pre.any():  # lengths too close to fit a slope: proportional to the tokens
+            prefill = (0.0, float(np.mean(seconds[pre] / pass_len[pre])))
+        else:  # no prefill timed: a prefill of n tokens priced as a pass of n tokens at the reference context
+            prefill = (0.0, at_ref[max(at_ref)] / max(at_ref))
+        return cls(at_ref, slope, ctx_ref, prefill)
+
+
+@dataclass(frozen=True)
+class LoopCosts:
+    """What the loop adds to the isolated passes, measured from its own per-iteration timings.
+
+    ``target_scale`` / ``draft_scale``: in-loop time over the same passes timed alone (the argmax,
+    the acceptance check, the per-call Python of the drafter, a cache that grows instead of being
+    cut back to one length). Measured on verification passes, ``target_scale`` prices plain
+    decoding's steps too: they are target passes in a generation loop as well; ``lookup_s``: one n-gram lookup;
+    ``rollback_s`` and ``bookkeeping_s``: per iteration.
+    """
+
+    target_scale: float = 1.0
+    draft_scale: float = 1.0
+    lookup_s: float = 0.0
+    rollback_s: float = 0.0
+    bookkeeping_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The iterations of one speculative run, as the acceptance stage records them."""
+
+    prompt_len: int
+    proposed: np.ndarray
+    new_tokens: np.ndarray
+    length: np.ndarray  # tokens before each iteration (prompt included)
+    draft_fed: np.ndarray  # tokens in the draft model's first call (0: the model did not run)
+    draft_calls: np.ndarray
+    uses_model: bool  # the drafter holds a draft model (it prefills the prompt)
+    uses_lookup: bool  # the drafter tries an n-gram lookup every iteration
+
+    @property
+    def tokens(self) -> int:
+        return int(np.sum(self.new_tokens))
+
+
+PARTS = ("prefill_target", "prefill_draft", "draft_steps", "catch_up", "lookup", "verify", "rollback", "bookkeeping")
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """Where a run's time goes, in seconds."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.parts.values()))
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    target: PassModel
+    draft: PassModel | None
+    loop: LoopCosts = LoopCosts()
+
+    def speculative(self, tr: Trace) -> Decomposition:
+        """Predicted wall time of the run the trace describes, by part."""
+        t, d, lp = self.target, self.draft, self.loop
+        prefill_n = max(tr.prompt_len - 1, 0)
+        calls, fed = tr.draft_calls.astype(float), tr.draft_fed.astype(float)
+        ran = calls > 0
+        parts = dict.fromkeys(PARTS, 0.0)
+        if prefill_n:
+            parts["prefill_target"] = float(t.prefill_time(prefill_n))
+        if tr.uses_model and prefill_n:
+            if d is None:
+                raise ValueError("a trace with a draft model needs a draft PassModel")
+            parts["prefill_draft"] = float(d.prefill_time(prefill_n))
+        if ran.any():
+            if d is None:
+                raise ValueError("a trace with draft calls needs a draft PassModel")
+            # The draft cache holds length - fed tokens when its first call starts.
+            ctx0 = tr.length[ran] - fed[ran]
+            one = d.time(1, tr.length[ran] + (calls[ran] - 1) / 2)
+            first = d.time(fed[ran], ctx0)
+            parts["draft_steps"] = lp.draft_scale * float(np.sum(calls[ran] * one))
+            parts["catch_up"] = lp.draft_scale * float(np.sum(first - d.time(1, ctx0)))
+        if tr.uses_lookup:
+            parts["lookup"] = lp.lookup_s * len(tr.proposed)
+        parts["verify"] = lp.target_scale * float(np.sum(t.time(tr.proposed + 1, tr.length - 1)))
+        parts["rollback"] = lp.rollback_s * len(tr.proposed)
+        parts["bookkeeping"] = lp.bookkeeping_s * len(tr.proposed)
+        return Decomposition(parts)
+
+    def plain(self, prompt_len: int, new_tokens: int) -> Decomposition:
+        """Predicted wall time of plain decoding: a prefill of the prompt, then one step per further token."""
+        steps = np.arange(1, max(new_tokens, 1))
+        return Decomposition({"prefill_target": float(self.target.prefill_time(prompt_len)),
+                              "verify": self.loop.target_scale * float(np.sum(self.target.time(1, prompt_len + steps - 1)))})
+
+    def speedup(self, tr: Trace) -> float:
+        """Predicted tokens/s of the speculative run over plain decoding of the same tokens."""
+        return self.plain(tr.prompt_len, tr.tokens).total / self.speculative(tr).total
+
+
+def iid_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -> float:
+    """The chapter's reference: E[tokens] under i.i.d. acceptance over k draft steps plus one check."""
+    return float(expected_tokens_per_iteration(alpha, k)) / (k * c_draft + c_verify)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """An iteration's price in target steps, for a k policy choosing k while it runs.
+
+    ``draft[n]``: the draft's call over n tokens (1: a step; 2: the catch-up after an all-accepted
+    iteration), ``verify[k]``: the pass over k + 1 tokens, ``overhead``: the loop's own work; all
+    divided by one target step.
+    """
+
+    draft: dict[int, float]
+    verify: dict[int, float]
+    overhead: float = 0.0
+
+    def iteration_cost(self, k: int, alpha: float, p_all: float | None = None) -> float:
+        """``p_all``: the chance the previous iteration accepted everything (so this one catches up 2
+        tokens); by default alpha^k, the i.i.d. value with k steady."""
+        p_all = alpha ** k if p_all is None else p_all
+        first = (1 - p_all) * self.draft[1] + p_all * self.draft.get(2, self.draft[1])
+        return first + (k - 1) * self.draft[1] + self.verify[k] + self.overhead
+
+    def _ks(self, k_min: int, k_max: int) -> list[int]:
+        ks = [k for k in range(k_min, k_max + 1) if k in self.verify]
+        if not ks:
+            raise ValueError(f"no verification cost for k in {k_min}..{k_max}: the table has {sorted(self.verify)}")
+        return ks
+
+    def best_k(self, alpha: float, k_min: int, k_max: int) -> int:
+        return max(self._ks(k_min, k_max),
+                   key=lambda k: float(expected_tokens_per_iteration(alpha, k)) / self.iteration_cost(k, alpha))
+
+    def best_k_for_survival(self, survival: np.ndarray, k_min: int, k_max: int) -> int:
+        """The best k when ``survival[j]`` = P(the first j + 1 proposals are all accepted), j = 0..: the
+        empirical counterpart of alpha^(j+1), so runs of agreement (bursts) are priced as observed.
+        Tokens per iteration at k: 1 + sum of survival[:k]."""
+        def rate(k: int) -> float:
+            return (1.0 + float(np.sum(survival[:k]))) / self.iteration_cost(k, 0.0, float(survival[k - 1]))
+        return max(self._ks(k_min, min(k_max, len(survival))), key=rate)
+
+
+def calibrate_loop(model: TimeModel, traces: list[Trace], draft_s: list[np.ndarray], verify_s: list[np.ndarray],
+                   rollback_s: list[np.ndarray], total_s: list[np.ndarray]) -> LoopCosts:
+    """The loop's costs from its own per-iteration times (the acceptance stage's), given the pass models.
+
+    Scales are ratios of summed in-loop time to summed isolated pass time (so long passes weigh
+    more, as they do in a run); per-iteration costs are medians, robust to a stray slow iteration.
+    """
+    t, d = model.target, model.draft
+    ver_meas = ver_pred = dr_meas = dr_pred = 0.0
+    lookups, rollbacks, books = [], [], []
+    for tr, ds, vs, rs, ts in zip(traces, draft_s, verify_s, rollback_s, total_s):
+        ver_meas += float(np.sum(vs))
+        ver_pred += float(np.sum(t.time(tr.proposed + 1, tr.length - 1)))
+        ran = tr.draft_calls > 0
+        if ran.any() and d is not None:
+            calls, fed = tr.draft_calls[ran].astype(float), tr.draft_fed[ran].astype(float)
+            dr_meas += float(np.sum(ds[ran]))
+            dr_pred += float(np.sum((calls - 1) * d.time(1, tr.length[ran] + (calls - 1) / 2)
+                                    + d.time(fed, tr.length[ran] - fed)))
+        if tr.uses_lookup:
+            lookups.append(ds[~ran])
+        rollbacks.append(rs)
+        books.append(ts - ds - vs - rs)
+    med = (lambda xs: float(np.median(np.concatenate(xs))) if xs and sum(map(len, xs)) else 0.0)
+    return LoopCosts(target_scale=ver_meas / ver_pred if ver_pred else 1.0,
+                     draft_scale=dr_meas / dr_pred if dr_pred else 1.0,
+                     lookup_s=med(lookups), rollback_s=med(rollbacks), bookkeeping_s=med(books))

@@ -1,0 +1,116 @@
+"""What the time model reads from the loop and the stages: the draft's catch-up and calls recorded per
+iteration, the timing stage's contexts and prefills, the plan stage's recommendation and the speed
+stage's recommended arm (tiny random pair)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.jobs import output_path
+from pipeline.run import run_parts
+from pipeline_helpers import make_cfg
+from speclab.drafters import HybridDrafter
+from speclab.loop import speculative_generate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_loop_records_catch_up_calls_and_context(tiny_pair, one_torch_thread):
+    target, _ = tiny_pair
+    ids = torch.tensor([[5, 9, 3, 7, 1, 2]])
+    res = speculative_generate(target, target, ids, 20, k=3)  # the target as its own draft: all accepted
+    its = res.iterations
+    assert its[0].draft_fed == 1  # the last prompt token
+    assert all(it.draft_fed == 2 for it in its[1:] if it.k)  # its unfed last proposal and the bonus token
+    assert all(it.draft_calls == it.k for it in its)
+    assert [it.length for it in its] == [6 + sum(i.new_tokens for i in its[:j]) for j in range(len(its))]
+
+
+def test_hybrid_catches_up_everything_lookup_covered(tiny_pair, one_torch_thread):
+    target, draft = tiny_pair
+    ids = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2]])
+    res = speculative_generate(target, HybridDrafter(draft), ids, 24, k=3)
+    model_its = [it for it in res.iterations if it.draft_calls]
+    lookup_its = [it for it in res.iterations if it.k and not it.draft_calls]
+    assert lookup_its and all(it.draft_fed == 0 for it in lookup_its)
+    # Each model iteration feeds every token since the model last ran: after lookup iterations, more than 2.
+    seen = 13
+    for it in model_its:
+        assert it.draft_fed == it.length - seen
+        seen = min(it.length + it.k - 1, it.length + it.accepted)  # after its calls and the rollback
+
+
+def _script(tmp_path, module, *args):
+    """An analysis script in a folder whose params.yaml points at this test's outputs."""
+    (tmp_path / "params.yaml").write_text(
+        f"outputs_dir: {tmp_path / 'outputs'}\nanalysis_dir: {tmp_path / 'analysis'}\n"
+        f"figures_dir: {tmp_path / 'figures'}\nmetrics_dir: {tmp_path / 'metrics'}\n"
+        "bootstrap: {samples: 200, seed: 0, level: 0.95}\ntime_model: {campaign: scratch}\n")
+    res = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_path):
+    common = ["prompts.kinds=[prose,code]", "max_new_tokens=8"]
+    cfg = make_cfg(tmp_path, "stage=plan", "stage.repeats=2", "stage.warmup=0", "stage.pass_lengths=[1,2,3]",
+                   "stage.context_extra=[0,8]", "stage.acceptance_ks=[1,2]", "stage.bootstrap=100",
+                   "prompts.per_kind=1", *common)
+    run_parts(cfg)
+    timing = pd.read_parquet(output_path(cfg, "timing"))
+    assert set(timing.context_len[timing.context_len > 0].groupby(timing.prompt_id).nunique()) == {2}
+    assert (timing.context_len == 0).any()  # prefills
+    acc = pd.read_parquet(output_path(cfg, "acceptance"))
+    assert set(zip(acc.drafter, acc.k_policy)) >= {("model", "fixed"), ("prompt_lookup", "fixed"),
+                                                   ("hybrid", "fixed"), ("model", "cost_model")}
+    assert (acc[acc.drafter == "prompt_lookup"].draft_calls == 0).all()
+    plan = pd.read_parquet(output_path(cfg, "plan"))
+    assert set(plan.kind) == {"prose", "code", "all"}
+    assert plan.groupby("kind").recommended.sum().eq(1).all()
+    assert ((plan.drafter == "none") & (plan.predicted == 1.0)).groupby(plan.kind).sum().eq(1).all()  # plain
+    best = plan[plan.recommended].set_index("kind")
+    assert (best.predicted == plan.groupby("kind").predicted.max()).all()
+    assert ((plan.predicted_lo <= plan.predicted) & (plan.predicted <= plan.predicted_hi)).all()
+
+    held = make_cfg(tmp_path, "stage=acceptance", "stage.ks=[1,2]", "prompts.per_kind=1", "prompts.skip_per_kind=1",
+                    *common)
+    run_parts(held)
+    assert not set(pd.read_parquet(output_path(held, "acceptance")).prompt_id) & set(acc.prompt_id)
+    speed_cfg = make_cfg(tmp_path, "stage=speed", "stage.ks=[1,2]", "stage.recommended=true", "stage.timing_repeats=2",
+                         "stage.timing_warmup=0", "prompts.per_kind=2", *common)
+    run_parts(speed_cfg)
+    runs = pd.read_parquet(output_path(speed_cfg, "speed"))
+    rec = runs[runs.arm == "recommended"]
+    for r in rec.itertuples():
+        chosen = best.loc[r.kind]
+        assert (r.drafter, r.k_policy, r.k) == (chosen.drafter, chosen.k_policy, chosen.k)
+    assert set(rec.block) == set(runs.block)  # in every block, beside plain
+
+    printed = _script(tmp_path, "analysis.recommend", "--write")
+    for kind in ("prose", "code"):
+        label = "plain" if best.loc[kind].drafter == "none" else best.loc[kind].drafter
+        assert any(line.split()[:3] == [kind, "recommended", label] for line in printed.splitlines()), printed
+    check = pd.read_parquet(tmp_path / "analysis" / "recommendation_check.parquet")
+    assert check.comparison.iloc[0] == "recommended vs best fixed" and check.blocks.iloc[0] == 4
+
+    _script(tmp_path, "analysis.time_model")
+    points = pd.read_parquet(tmp_path / "analysis" / "time_model_points.parquet")
+    assert set(points.k) == {1, 2} and set(points.kind) == {"prose", "code", "all"}
+    assert (points.prompts == points.kind.map({"prose": 1, "code": 1, "all": 2})).all()  # held-out prompts only
+    assert (points[["tm_own", "tm_kind", "iid_own"]] > 0).all().all()
+    # The loop's stopwatches account for its wall time: the measured parts add up to it.
+    dec = pd.read_parquet(tmp_path / "analysis" / "time_model_decomposition.parquet")
+    meas = dec[dec.source == "measured"]
+    parts = meas[["prefill_ms", "draft_steps_ms", "verify_ms", "rollback_ms", "bookkeeping_ms"]].sum(axis=1)
+    assert ((parts / meas.wall_ms).between(0.9, 1.0001)).all()
+    assert (tmp_path / "figures" / "time_model_decomposition.png").stat().st_size > 0
+
+
+def test_recommended_arm_without_a_plan_is_one_line(tmp_path):
+    cfg = make_cfg(tmp_path, "stage=speed", "stage.recommended=true", "prompts.per_kind=1", "prompts.kinds=[code]")
+    with pytest.raises(ValueError, match=r"stage.recommended=true needs a plan for pair tiny_random in campaign scratch"):
+        run_parts(cfg)
