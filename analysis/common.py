@@ -153,3 +153,20 @@ def save_json(data: dict, path: str | Path) -> Path:
     """A metrics file for ``dvc metrics`` (keys in the order given, stable across reruns)."""
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def speedup_panels(points: pd.DataFrame, kinds: list[str], draw: Callable, title: str, legend_size: int = 7):
+    """One panel per kind: the measured speed-up (median, 95% CI) against k, plain decoding at 1, and
+    whatever ``draw(ax, rows_of_the_kind)`` adds (the predictors)."""
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4 * len(kinds), 3.8), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        g = points[points.kind == kind].sort_values("k")
+        ax.errorbar(g.k, g.measured, yerr=[g.measured - g.measured_lo, g.measured_hi - g.measured],
+                    fmt="o-", label="measured (median, 95% CI)", capsize=3)
+        draw(ax, g)
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.set(title=kind, xlabel="k")
+    axes[0][0].set_ylabel("speed-up over adjacent plain run")
+    axes[0][0].legend(fontsize=legend_size)
+    fig.suptitle(title)
+    return fig

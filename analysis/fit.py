@@ -13,7 +13,7 @@ import seaborn as sns
 from matplotlib import pyplot as plt
 
 from analysis.common import (bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_csv,
-                             save_figure, save_table)
+                             save_figure, save_table, speedup_panels)
 from analysis.drift import drop_drifted, read_drift
 from analysis.inputs import AnalysisError
 from speclab.cost_model import expected_tokens_per_iteration
@@ -130,20 +130,10 @@ def tokens_figure(tab: pd.DataFrame):
 
 
 def speedup_figure(points: pd.DataFrame):
-    kinds = sorted(points.kind.unique())
-    fig, axes = plt.subplots(1, len(kinds), figsize=(4 * len(kinds), 3.8), sharey=True, squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        g = points[points.kind == kind].sort_values("k")
-        ax.errorbar(g.k, g.measured, yerr=[g.measured - g.measured_lo, g.measured_hi - g.measured],
-                    fmt="o-", label="measured (median, 95% CI)", capsize=3)
+    def draw(ax, g):
         ax.plot(g.k, g.predicted_iid, "s--", label="i.i.d. geometric")
         ax.plot(g.k, g.predicted_empirical, "^:", label="empirical + overhead")
-        ax.axhline(1.0, color="grey", lw=1)
-        ax.set(title=kind, xlabel="k")
-    axes[0][0].set_ylabel("speed-up over adjacent plain run")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Predicted vs measured speed-up")
-    return fig
+    return speedup_panels(points, sorted(points.kind.unique()), draw, "Predicted vs measured speed-up")
 
 
 def main() -> None:

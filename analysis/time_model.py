@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
 
-from analysis.common import bootstrap_ci, load_params, read_stage, run_script, save_csv, save_figure, save_json, save_table
+from analysis.common import (bootstrap_ci, load_params, read_stage, run_script, save_csv, save_figure, save_json,
+                             save_table, speedup_panels)
 from analysis.inputs import AnalysisError
 from pipeline.planning import bootstrap_median, calibrate, predict_runs
 from speclab.estimators import alpha_hat
@@ -134,22 +135,13 @@ def decomposition_figure(dec: pd.DataFrame):
 
 
 def points_figure(points: pd.DataFrame):
-    kinds = [k for k in sorted(points.kind.unique()) if k != ALL] + [ALL]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(4 * len(kinds), 3.8), sharey=True, squeeze=False)
-    for ax, kd in zip(axes[0], kinds):
-        g = points[points.kind == kd].sort_values("k")
-        ax.errorbar(g.k, g.measured, yerr=[g.measured - g.measured_lo, g.measured_hi - g.measured], fmt="o-",
-                    capsize=3, label="measured (median, 95% CI)")
+    def draw(ax, g):
         ax.errorbar(g.k + 0.1, g.tm_own, yerr=[g.tm_own - g.tm_own_lo, g.tm_own_hi - g.tm_own], fmt="^:", capsize=2,
                     label=PREDICTORS["tm_own"])
         ax.plot(g.k - 0.1, g.tm_kind, "v:", label=PREDICTORS["tm_kind"])
         ax.plot(g.k, g.iid_own, "s--", label=PREDICTORS["iid_own"])
-        ax.axhline(1.0, color="grey", lw=1)
-        ax.set(title=kd, xlabel="k")
-    axes[0][0].set_ylabel("speed-up over adjacent plain run")
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle("Time model vs i.i.d. formula on held-out prompts")
-    return fig
+    kinds = [k for k in sorted(points.kind.unique()) if k != ALL] + [ALL]
+    return speedup_panels(points, kinds, draw, "Time model vs i.i.d. formula on held-out prompts", legend_size=6)
 
 
 def exercise4(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
