@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_table
-from analysis.inputs import AnalysisError, read_stage_file, stage_paths
+from analysis.inputs import AnalysisError, stage_paths
+from pipeline.parquet import read_meta
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
          "cost-model policy vs fixed k=4": 1.0}
@@ -25,11 +26,14 @@ GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default"
 
 def latest_campaign(outputs_dir: str) -> str:
     """The campaign whose plan finished last."""
+    # The provenance record is enough to pick one; read_stage then checks the chosen campaign's files.
     found = []
     for folder in sorted((Path(outputs_dir) / "campaigns").glob("*/plan")):
         for path in stage_paths(outputs_dir, folder.parent.name, "plan"):
-            found.append((str(read_stage_file(path, "plan", folder.parent.name).meta.get("finished_at", "")),
-                          folder.parent.name))
+            try:
+                found.append((str(read_meta(path).get("finished_at", "")), folder.parent.name))
+            except Exception as err:  # noqa: BLE001 - any reader error means the same thing here
+                raise AnalysisError(f"{path} is not a readable Parquet file ({type(err).__name__})") from None
     if not found:
         raise AnalysisError("no plan found under outputs/campaigns/*/plan: run `python -m pipeline.run +sweep=plan` first")
     return max(found)[1]
@@ -55,15 +59,19 @@ def block_ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series) -> np.ndarray:
     return (x[both] / y[both]).to_numpy()
 
 
+def checked_blocks(speed: pd.DataFrame) -> pd.DataFrame:
+    """Every arm's rows in the blocks that ran the recommended arm."""
+    key = ["config_hash", "round", "block"]
+    return speed.merge(speed[speed.arm == "recommended"][key].drop_duplicates(), on=key)
+
+
 def check(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
     """The three comparisons of the plan's check, as medians of within-block ratios.
 
     Only blocks that ran the recommended arm count, so every arm is pooled over the same prompts
     and rounds (other speed jobs of the campaign may cover other prompts, other arms).
     """
-    key = ["config_hash", "round", "block"]
-    checked = speed[speed.arm == "recommended"][key].drop_duplicates()
-    speed = speed.merge(checked, on=key)
+    speed = checked_blocks(speed)
     if speed.empty:
         return pd.DataFrame()
     speed = speed.assign(config=config_label(speed))
@@ -132,10 +140,7 @@ def main() -> None:
     plan = latest_plan(plan)
     speed = read_stage(params["outputs_dir"], "speed", campaign)
     checked = check(speed, boot) if not speed.empty else pd.DataFrame()
-    ranking = pd.DataFrame()
-    if not checked.empty:  # every arm, over the blocks that ran the recommendation
-        key = ["config_hash", "round", "block"]
-        ranking = fixed_ranking(speed.merge(speed[speed.arm == "recommended"][key].drop_duplicates(), on=key))
+    ranking = fixed_ranking(checked_blocks(speed)) if not checked.empty else pd.DataFrame()
     print(f"campaign {campaign}")
     print(show_plan(plan, args.top))
     if not checked.empty:

@@ -25,7 +25,7 @@ from analysis.common import (bootstrap_ci, load_params, read_stage, run_script, 
 from analysis.inputs import AnalysisError
 from pipeline.planning import bootstrap_median, calibrate, predict_runs
 from speclab.estimators import alpha_hat
-from speclab.time_model import PARTS, TimeModel, iid_speedup
+from speclab.time_model import PARTS, TimeModel
 
 ALL = "all"
 PREDICTORS = {"tm_own": "time model, own acceptance", "tm_kind": "time model, kind sample",
@@ -45,14 +45,10 @@ def with_all(df: pd.DataFrame) -> pd.DataFrame:
 
 def iid_by_kind(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
     """The i.i.d. formula per (kind, k): alpha-hat pooled over the rows, c_draft and c_verify(k) from the timing stage."""
-    t, ref = model.target, model.target.ctx_ref
-    t1 = float(t.time(1, ref))
-    c_draft = float(model.draft.time(1, ref)) / t1
     rows = []
     for (kind, k), g in with_all(acc).groupby(["kind", "k"]):
         a = alpha_hat(g.accepted, g.proposed)
-        rows.append({"kind": kind, "k": int(k), "alpha": a,
-                     "iid": iid_speedup(a, int(k), c_draft, float(t.time(int(k) + 1, ref)) / t1)})
+        rows.append({"kind": kind, "k": int(k), "alpha": a, "iid": model.iid(a, int(k))})
     return pd.DataFrame(rows)
 
 

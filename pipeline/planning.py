@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from speclab.estimators import alpha_hat
-from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop, iid_speedup
+from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop
 
 RUN_KEYS = ["prompt_id", "kind", "drafter", "k_policy", "k"]
 CONFIG_KEYS = ["drafter", "k_policy", "k"]
@@ -59,18 +59,14 @@ def calibrate(timing: pd.DataFrame, acc: pd.DataFrame) -> TimeModel:
 
 def predict_runs(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
     """Per acceptance run: the predicted speed-up, its parts (seconds), and the i.i.d. formula's number."""
-    t1 = float(model.target.time(1, model.target.ctx_ref))
-    c_draft = float(model.draft.time(1, model.target.ctx_ref)) / t1 if model.draft is not None else 0.0
     rows = []
     for key, tr, g in traces(acc):
         spec, plain = model.speculative(tr), model.plain(tr.prompt_len, tr.tokens)
         k = int(key[4])
         a = alpha_hat(g.accepted, g.proposed)
-        cd = c_draft if tr.uses_model else 0.0
-        cv = float(model.target.time(k + 1, model.target.ctx_ref)) / t1
         rows.append({**dict(zip(RUN_KEYS, key)), "tokens": tr.tokens, "iterations": len(tr.proposed),
                      "alpha": a, "predicted": plain.total / spec.total,
-                     "predicted_iid": iid_speedup(a, k, cd, cv) if key[3] == "fixed" and a == a else np.nan,
+                     "predicted_iid": model.iid(a, k, tr.uses_model) if key[3] == "fixed" and a == a else np.nan,
                      "plain_s": plain.total, "spec_s": spec.total, **{f"{p}_s": spec.parts[p] for p in PARTS}})
     return pd.DataFrame(rows)
 

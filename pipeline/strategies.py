@@ -43,10 +43,11 @@ def make_policy(ctx: StageContext, name: str, k: int, costs: CostTable | None = 
     """``costs`` (the time model's price table) are used by the cost-model policy when the config leaves
     c_draft / c_verify null; set both to use the chapter's formula with those numbers instead."""
     p: DictConfig = ctx.cfg.k_policy
-    if name != p.name:  # an extra arm (stage.k_policies): the policy's own defaults, from its schema
+    if name != p.name and name in ("cost_model", "heuristic"):
+        # An extra arm (stage.k_policies): the policy's own defaults, from its schema.
         from pipeline.config_schema import CostModelKConf, HeuristicKConf
 
-        p = OmegaConf.structured({"cost_model": CostModelKConf, "heuristic": HeuristicKConf}.get(name, HeuristicKConf))
+        p = OmegaConf.structured(CostModelKConf if name == "cost_model" else HeuristicKConf)
     if name == "fixed":
         return FixedK(k)
     if name == "heuristic":

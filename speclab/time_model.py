@@ -184,6 +184,14 @@ class TimeModel:
         """Predicted tokens/s of the speculative run over plain decoding of the same tokens."""
         return self.plain(tr.prompt_len, tr.tokens).total / self.speculative(tr).total
 
+    def iid(self, alpha: float, k: int, uses_model: bool = True) -> float:
+        """The chapter's formula with this model's costs at its reference context: c_draft = draft step /
+        target step (0 without a draft model), c_verify = target pass over k + 1 tokens / target step."""
+        t, ref = self.target, self.target.ctx_ref
+        t1 = float(t.time(1, ref))
+        c_draft = float(self.draft.time(1, ref)) / t1 if uses_model and self.draft is not None else 0.0
+        return iid_speedup(alpha, k, c_draft, float(t.time(k + 1, ref)) / t1)
+
 
 def iid_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -> float:
     """The chapter's reference: E[tokens] under i.i.d. acceptance over k draft steps plus one check."""
