@@ -1,7 +1,7 @@
 """Print the planner's recommendation per prompt kind, and how it fared in adjacent runs.
 
     python -m analysis.recommend                       (the most recent plan of any campaign)
-    python -m analysis.recommend --campaign timemodel  (that campaign's plan, and its check)
+    python -m analysis.recommend --campaign timemodel2  (that campaign's plan, and its check)
 
 The plan comes from `python -m pipeline.run +sweep=plan` (stage plan). When the same campaign holds
 speed runs with the `recommended` arm (`+sweep=check_plan`), the check compares it, block by block,
@@ -91,8 +91,15 @@ def check(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
         r = block_ratios(speed, a, b)
         lo, hi = bootstrap_ci(r, np.median, **boot)
         med = float(np.median(r)) if len(r) else float("nan")
+        # Blocks where the recommendation *is* the baseline's configuration: two runs of one
+        # configuration, so their ratios are the check's noise floor on this machine.
+        same = block_ratios(speed, a & speed.config.str.replace("recommended", "speculative", n=1).eq(b_label), b) \
+            if name == "recommended vs best fixed" else np.array([])
+        q = np.quantile(same, [0.25, 0.75]) if len(same) else (np.nan, np.nan)
         rows.append({"comparison": name, "baseline": b_label, "blocks": len(r), "median_ratio": med,
-                     "ratio_lo": lo, "ratio_hi": hi,
+                     "ratio_lo": lo, "ratio_hi": hi, "same_config_blocks": len(same),
+                     "same_config_median": float(np.median(same)) if len(same) else np.nan,
+                     "same_config_q25": float(q[0]), "same_config_q75": float(q[1]),
                      "speedup_a": float(speed[a].ratio_to_adjacent_plain.median()),
                      "speedup_b": float(speed[b].ratio_to_adjacent_plain.median()),
                      "goal": GOALS[name], "met": bool(med >= GOALS[name])})

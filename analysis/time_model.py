@@ -23,13 +23,15 @@ from matplotlib import pyplot as plt
 from analysis.common import (bootstrap_ci, load_params, read_stage, run_script, save_csv, save_figure, save_json,
                              save_table, speedup_panels)
 from analysis.inputs import AnalysisError
-from pipeline.planning import bootstrap_median, calibrate, predict_runs
+from pipeline.planning import bootstrap_median, calibrate, predict_at_blocks, predict_runs
 from speclab.estimators import alpha_hat
 from speclab.time_model import PARTS, TimeModel
 
 ALL = "all"
 PREDICTORS = {"tm_own": "time model, own acceptance", "tm_kind": "time model, kind sample",
-              "iid_own": "i.i.d. formula, own acceptance", "iid_kind": "i.i.d. formula, kind sample"}
+              "tm_block": "time model, own acceptance, at each block's step times",
+              "iid_own": "i.i.d. formula, own acceptance", "iid_kind": "i.i.d. formula, kind sample",
+              "iid_block": "i.i.d. formula, own acceptance, at each block's step times"}
 MEASURED_PARTS = {"prefill": "prefill_s", "draft": "draft_s_per_iter", "verify": "verify_s_per_iter",
                   "rollback": "rollback_s_per_iter", "bookkeeping": "bookkeeping_s_per_iter"}
 
@@ -41,6 +43,19 @@ def model_fixed(df: pd.DataFrame) -> pd.DataFrame:
 
 def with_all(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([df, df.assign(kind=ALL)], ignore_index=True)
+
+
+def iid_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.Series:
+    """Per speed row: the i.i.d. formula with its prompt's alpha-hat at k, c_draft and c_verify from the
+    time model re-priced at that row's block step times (NaN where the block was not timed)."""
+    runs = {key: (alpha_hat(g.accepted, g.proposed), int(g.prompt_len.iloc[0])) for key, g in acc.groupby(["prompt_id", "k"])}
+    out = []
+    for r in speed.itertuples():
+        t_step, d_step = getattr(r, "block_target_step_s", np.nan), getattr(r, "block_draft_step_s", np.nan)
+        hit = runs.get((r.prompt_id, r.k))
+        ok = hit is not None and t_step > 0 and d_step > 0
+        out.append(model.at_steps(t_step, d_step, hit[1]).iid(hit[0], int(r.k)) if ok else np.nan)
+    return pd.Series(out, index=speed.index, dtype=float)
 
 
 def iid_by_kind(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
@@ -57,12 +72,20 @@ def points_table(model: TimeModel, acc_cal: pd.DataFrame, acc_held: pd.DataFrame
     """Per (kind, k): measured on held-out prompts, each predictor with an interval; and the per-run predictions."""
     own, kind = predict_runs(model, acc_held), predict_runs(model, acc_cal)
     iid_own, iid_kind = iid_by_kind(model, acc_held), iid_by_kind(model, acc_cal)
+    speed_held = speed_held.assign(tm_block=predict_at_blocks(model, acc_held, speed_held),
+                                   iid_block=iid_at_blocks(model, acc_held, speed_held))
     rows = []
     for (kd, k), g in with_all(speed_held).groupby(["kind", "k"], sort=True):
         ratios = g.ratio_to_adjacent_plain.to_numpy()
         lo, hi = bootstrap_ci(ratios, np.median, **boot)
         row = {"kind": kd, "k": int(k), "runs": len(g), "prompts": g.prompt_id.nunique(),
                "measured": float(np.median(ratios)), "measured_lo": lo, "measured_hi": hi}
+        # Priced at each block's own step times: one prediction per run, summarised like the measurement.
+        for name in ("tm_block", "iid_block"):
+            p = g[name].dropna().to_numpy()
+            plo, phi = bootstrap_ci(p, np.median, **boot) if len(p) > 1 else (np.nan, np.nan)
+            row.update({name: float(np.median(p)) if len(p) else np.nan, f"{name}_lo": plo, f"{name}_hi": phi,
+                        f"{name}_runs": len(p)})
         for name, pred in (("tm_own", own), ("tm_kind", kind)):
             p = pred[(pred.k == k) & ((pred.kind == kd) | (kd == ALL))].predicted.to_numpy()
             med, plo, phi = bootstrap_median(p, boot["samples"], boot["level"], boot["seed"]) if len(p) else (np.nan,) * 3
@@ -136,6 +159,9 @@ def points_figure(points: pd.DataFrame):
                     label=PREDICTORS["tm_own"])
         ax.plot(g.k - 0.1, g.tm_kind, "v:", label=PREDICTORS["tm_kind"])
         ax.plot(g.k, g.iid_own, "s--", label=PREDICTORS["iid_own"])
+        if g.tm_block.notna().any():
+            ax.errorbar(g.k + 0.2, g.tm_block, yerr=[g.tm_block - g.tm_block_lo, g.tm_block_hi - g.tm_block], fmt="D-",
+                        capsize=2, label=PREDICTORS["tm_block"])
     kinds = [k for k in sorted(points.kind.unique()) if k != ALL] + [ALL]
     return speedup_panels(points, kinds, draw, "Time model vs i.i.d. formula on held-out prompts", legend_size=6)
 
@@ -208,7 +234,10 @@ def main() -> None:
                "mae_time_model": float(every.loc[PREDICTORS["tm_own"], "mae"]),
                "mae_time_model_kind_sample": float(every.loc[PREDICTORS["tm_kind"], "mae"]),
                "mae_iid": float(every.loc[PREDICTORS["iid_own"], "mae"]),
-               "mae_iid_kind_sample": float(every.loc[PREDICTORS["iid_kind"], "mae"])}
+               "mae_iid_kind_sample": float(every.loc[PREDICTORS["iid_kind"], "mae"]),
+               "max_abs_error_time_model_block": float(every.loc[PREDICTORS["tm_block"], "max_abs_error"]),
+               "mae_time_model_block": float(every.loc[PREDICTORS["tm_block"], "mae"]),
+               "mae_iid_block": float(every.loc[PREDICTORS["iid_block"], "mae"])}
     figures = {"time_model_speedup.png": points_figure(points), "time_model_decomposition.png": decomposition_figure(dec)}
     # Everything is computed; only now are outputs replaced (each atomically).
     for name, df in (("time_model_points", points), ("time_model_errors", errors), ("time_model_decomposition", dec),

@@ -89,7 +89,7 @@ class HeuristicKConf:
 @dataclass
 class CostModelKConf:
     name: str = "cost_model"
-    k_min: int = 1
+    k_min: int = 0
     k_max: int = 10
     decay: float = 0.9
     alpha0: float = 0.6
@@ -97,6 +97,7 @@ class CostModelKConf:
     c_draft: Optional[float] = None
     c_verify: Optional[float] = None
     estimator: str = "positions"
+    probe_every: int = 8
 
 
 @dataclass
@@ -137,6 +138,7 @@ class SpeedStage(KsStage):
     drafters: list[str] = field(default_factory=list)
     drafter_ks: list[int] = field(default_factory=list)
     recommended: bool = False
+    block_timing_repeats: int = 0
 
 
 @dataclass
@@ -285,7 +287,8 @@ CHECKS: dict[str, Check] = {
     "drafter.max_ngram": _int_at_least(1),
     "drafter.min_ngram": _int_at_least(1),
     "k_policy.name": _one_of("fixed", "cost_model", "heuristic"),
-    "k_policy.k_min": _int_at_least(1),
+    "k_policy.k_min": (_int_at_least(0)[0], "an integer >= 0 (0: the cost model may stop speculating; heuristic: >= 1)"),
+    "k_policy.probe_every": _int_at_least(1),
     "k_policy.k_max": _int_at_least(1),
     "k_policy.decay": _number_in(0, 1, lo_open=True, hi_open=True),
     "k_policy.alpha0": _number_in(0, 1, lo_open=True, hi_open=True),
@@ -309,6 +312,7 @@ CHECKS: dict[str, Check] = {
     "stage.level": _number_in(0, 1, lo_open=True, hi_open=True),
     "stage.peer_modes": _subset_of("matched", "default", "lookup"),
     "stage.timing_repeats": _int_at_least(1),
+    "stage.block_timing_repeats": (_int_at_least(0)[0], "an integer >= 0 (0: no step timing in each block)"),
     "stage.timing_warmup": _int_at_least(0),
     "stage.tie_ulps": _int_at_least(0),
     "stage.draws": _int_at_least(100),
@@ -340,6 +344,8 @@ def check_config(cfg: DictConfig, stages: tuple[str, ...]) -> None:
     unknown = [p for p in parts if p not in stages]
     if not parts or unknown:
         raise ConfigError(f"stage.parts={unknown or parts} is not allowed: use a non-empty list drawn from {list(stages)}")
+    if cfg.k_policy.name == "heuristic" and int(cfg.k_policy.k_min) < 1:
+        raise ConfigError(f"k_policy.k_min={cfg.k_policy.k_min!r} is not allowed with k_policy=heuristic: use an integer >= 1")
     for lo, hi in (("drafter.min_ngram", "drafter.max_ngram"), ("k_policy.k_min", "k_policy.k_max")):
         a, b = OmegaConf.select(cfg, lo), OmegaConf.select(cfg, hi)
         if a is not None and b is not None and a > b:

@@ -71,6 +71,23 @@ def predict_runs(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def predict_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.Series:
+    """Per speed row: the predicted speed-up of its configuration on its prompt (the acceptance run's
+    trace), with the time model re-priced at the step times taken just before that row's block
+    (``block_target_step_s`` / ``block_draft_step_s``). NaN where the block was not timed or no
+    acceptance run matches. The speed rows' own times and ratios are not used."""
+    runs = {key: tr for key, tr, _ in traces(acc)}
+    out = []
+    for r in speed.itertuples():
+        tr = runs.get((r.prompt_id, r.kind, r.drafter, r.k_policy, r.k))
+        t_step, d_step = getattr(r, "block_target_step_s", np.nan), getattr(r, "block_draft_step_s", np.nan)
+        if tr is None or not (t_step > 0) or not (d_step > 0):
+            out.append(np.nan)
+            continue
+        out.append(model.at_steps(t_step, d_step, tr.prompt_len).speedup(tr))
+    return pd.Series(out, index=speed.index, dtype=float)
+
+
 def bootstrap_median(values: np.ndarray, samples: int, level: float, seed: int = 0) -> tuple[float, float, float]:
     """Median and its percentile bootstrap interval over the given values (one per prompt)."""
     values = np.asarray(values, float)

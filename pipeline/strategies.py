@@ -63,5 +63,6 @@ def make_policy(ctx: StageContext, name: str, k: int, costs: CostTable | None = 
             c_draft, c_verify = table.draft[1], table.verify
         return CostModelK(c_draft, c_verify, k_min=int(p.k_min), k_max=k_max, decay=float(p.decay),
                           alpha0=float(p.alpha0), prior_weight=float(p.prior_weight), table=table,
-                          estimator=str(p.estimator) if table is not None else "iid")
+                          estimator=str(p.estimator) if table is not None else "iid",
+                          probe_every=int(p.get("probe_every", 8)))
     raise ValueError(f"unknown k_policy {name!r}: allowed are {list(K_POLICIES)}")

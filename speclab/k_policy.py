@@ -7,7 +7,7 @@ from typing import Protocol
 from speclab.acceptance import checked_proposals
 import numpy as np
 
-from speclab.cost_model import best_k
+from speclab.cost_model import best_k, predicted_speedup
 from speclab.time_model import CostTable
 
 
@@ -17,14 +17,14 @@ class KPolicy(Protocol):
 
     @property
     def k(self) -> int:
-        """Proposals for the next iteration (>= 1)."""
+        """Proposals for the next iteration (>= 1; 0, a plain target step, only where a policy allows it)."""
 
     def update(self, proposed: int, accepted: int) -> None:
         """Result of the iteration just verified."""
 
 
-def as_count(value: object, name: str = "k") -> int:
-    """``value`` as a plain int >= 1; any integral type counts (numpy, 0-d tensors), bool does not.
+def as_count(value: object, name: str = "k", minimum: int = 1) -> int:
+    """``value`` as a plain int >= ``minimum``; any integral type counts (numpy, 0-d tensors), bool does not.
 
     A numpy integer stored as k would leak into slicing and statistics, so it is converted here.
     """
@@ -34,9 +34,9 @@ def as_count(value: object, name: str = "k") -> int:
             n = operator.index(value)
         except TypeError:
             pass
-    if n is None or n < 1:
+    if n is None or n < minimum:
         shown = " ".join(repr(value if n is None else n).split())  # a tensor's repr spans lines
-        raise ValueError(f"{name}={shown} is not allowed: the number of proposals must be an integer >= 1")
+        raise ValueError(f"{name}={shown} is not allowed: the number of proposals must be an integer >= {minimum}")
     return n
 
 
@@ -98,20 +98,27 @@ class CostModelK:
     alpha by ``prior_weight`` checks): acceptance comes in runs, so after the first proposal is
     accepted the next ones are more likely to be, and a single alpha would under-price long k after
     every rejection. Tokens per iteration at k are then 1 + the sum of the survival probabilities.
+
+    ``k_min=0`` lets the policy stop speculating: k = 0 is a plain target step (one token for one
+    step), chosen when no k >= 1 is priced above it, so a draft that does not pay on this machine
+    or this text costs little more than plain decoding. A plain step teaches the estimate nothing,
+    so after ``probe_every`` plain steps in a row one iteration drafts at the best k >= 1 (the draft
+    model catches up on the skipped tokens in its first call) and the choice is made again.
     """
 
     def __init__(self, c_draft: float, c_verify: float | dict[int, float] = 1.0, k_min: int = 1, k_max: int = 10,
                  decay: float = 0.7, alpha0: float = 0.6, prior_weight: float = 2.0,
-                 table: CostTable | None = None, estimator: str = "iid") -> None:
+                 table: CostTable | None = None, estimator: str = "iid", probe_every: int = 8) -> None:
         if estimator not in ("iid", "positions"):
             raise ValueError(f"estimator={estimator!r} is not allowed: use 'iid' or 'positions'")
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay={decay} is not allowed: use a value in [0, 1)")
-        k_min, k_max = as_count(k_min, "k_min"), as_count(k_max, "k_max")
-        if not 1 <= k_min <= k_max:
-            raise ValueError(f"k bounds min={k_min}, max={k_max} are not allowed: need 1 <= min <= max")
+        k_min, k_max = as_count(k_min, "k_min", minimum=0), as_count(k_max, "k_max")
+        if not 0 <= k_min <= k_max:
+            raise ValueError(f"k bounds min={k_min}, max={k_max} are not allowed: need 0 <= min <= max")
         if c_draft < 0:
             raise ValueError(f"c_draft={c_draft} is not allowed: a cost ratio is >= 0")
+        self.probe_every = as_count(probe_every, "probe_every")
         self.c_draft, self.c_verify, self.k_min, self.k_max = c_draft, c_verify, k_min, k_max
         self.decay, self.alpha0, self.prior_weight = decay, alpha0, prior_weight
         self.table = table
@@ -122,6 +129,7 @@ class CostModelK:
         self.acc, self.chk = self.alpha0 * self.prior_weight, self.prior_weight
         # Per draft position: decayed counts of proposals accepted there and of checks that reached it.
         self.pos_acc, self.pos_chk = np.zeros(self.k_max), np.zeros(self.k_max)
+        self.plain_run = 0  # plain steps (k = 0) in a row since the last drafted iteration
         self._choose()
 
     def survival(self) -> np.ndarray:
@@ -138,19 +146,32 @@ class CostModelK:
     def k(self) -> int:
         return self._k
 
-    def _choose(self) -> None:
+    def _best_drafting(self) -> tuple[int, float]:
+        """The best k >= 1 and its predicted speed-up over plain steps (tokens per target step)."""
         # alpha = 1 exactly would make every k look equally unbounded; cap it just below.
-        a = min(self.alpha, 0.999)
+        a, lo = min(self.alpha, 0.999), max(self.k_min, 1)
         if self.estimator == "positions":
-            self._k = self.table.best_k_for_survival(self.survival(), self.k_min, self.k_max)
-        elif self.table is not None:
-            self._k = self.table.best_k(a, self.k_min, self.k_max)
-        else:
-            self._k = max(self.k_min, best_k(a, self.c_draft, self.c_verify, self.k_max))
+            surv = self.survival()
+            k = self.table.best_k_for_survival(surv, lo, self.k_max)
+            return k, self.table.speedup_for_survival(surv, k)
+        if self.table is not None:
+            k = self.table.best_k(a, lo, self.k_max)
+            return k, self.table.speedup(a, k)
+        k = max(lo, best_k(a, self.c_draft, self.c_verify, self.k_max))
+        cv = self.c_verify[k] if isinstance(self.c_verify, dict) else self.c_verify
+        return k, float(predicted_speedup(a, k, self.c_draft, cv))
+
+    def _choose(self) -> None:
+        k, speedup = self._best_drafting()
+        self._k = 0 if self.k_min == 0 and speedup < 1.0 and self.plain_run < self.probe_every else k
 
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
+            if self.k_min == 0:  # a plain step of ours (the loop also makes one at the token budget's end)
+                self.plain_run += 1
+                self._choose()
             return
+        self.plain_run = 0
         self.acc = self.decay * self.acc + accepted
         self.chk = self.decay * self.chk + checked_proposals(accepted, proposed)
         reached = min(int(checked_proposals(accepted, proposed)), self.k_max)

@@ -66,6 +66,12 @@ class PassModel:
         a, b = self.prefill
         return np.maximum(a + b * np.asarray(n, float), 0.0)
 
+    def scaled(self, factor: float) -> "PassModel":
+        """Every time multiplied by ``factor``: the same model on a machine that runs this model
+        ``factor`` times slower (a drift of the machine's state moves all pass lengths together)."""
+        return PassModel({n: factor * v for n, v in self.at_ref.items()}, {n: factor * v for n, v in self.slope.items()},
+                         self.ctx_ref, (factor * self.prefill[0], factor * self.prefill[1]))
+
     @classmethod
     def fit(cls, pass_len: np.ndarray, context_len: np.ndarray, seconds: np.ndarray) -> "PassModel":
         """From timing rows of one model: rows with context_len 0 are prefills, the others passes."""
@@ -144,6 +150,13 @@ class TimeModel:
     target: PassModel
     draft: PassModel | None
     loop: LoopCosts = LoopCosts()
+
+    def at_steps(self, target_step_s: float, draft_step_s: float | None, ctx: float) -> "TimeModel":
+        """This model re-priced at a machine state where a one-token step after ``ctx`` tokens takes
+        ``target_step_s`` (target) and ``draft_step_s`` (draft): each pass model is scaled by the
+        ratio of that step to its own. The loop's costs are kept (they are ratios, or microseconds)."""
+        scale = (lambda m, s: m.scaled(s / float(m.time(1, ctx))) if m is not None and s is not None else m)
+        return TimeModel(scale(self.target, target_step_s), scale(self.draft, draft_step_s), self.loop)
 
     def speculative(self, tr: Trace) -> Decomposition:
         """Predicted wall time of the run the trace describes, by part."""
@@ -224,17 +237,22 @@ class CostTable:
             raise ValueError(f"no verification cost for k in {k_min}..{k_max}: the table has {sorted(self.verify)}")
         return ks
 
+    def speedup(self, alpha: float, k: int) -> float:
+        """Tokens per target step at k under i.i.d. acceptance: over 1, speculating beats plain steps."""
+        return float(expected_tokens_per_iteration(alpha, k)) / self.iteration_cost(k, alpha)
+
+    def speedup_for_survival(self, survival: np.ndarray, k: int) -> float:
+        """Tokens per target step at k when ``survival[j]`` = P(the first j + 1 proposals are all
+        accepted), j = 0..: the empirical counterpart of alpha^(j+1), so runs of agreement (bursts)
+        are priced as observed. Tokens per iteration at k: 1 + sum of survival[:k]."""
+        return (1.0 + float(np.sum(survival[:k]))) / self.iteration_cost(k, 0.0, float(survival[k - 1]))
+
     def best_k(self, alpha: float, k_min: int, k_max: int) -> int:
-        return max(self._ks(k_min, k_max),
-                   key=lambda k: float(expected_tokens_per_iteration(alpha, k)) / self.iteration_cost(k, alpha))
+        return max(self._ks(k_min, k_max), key=lambda k: self.speedup(alpha, k))
 
     def best_k_for_survival(self, survival: np.ndarray, k_min: int, k_max: int) -> int:
-        """The best k when ``survival[j]`` = P(the first j + 1 proposals are all accepted), j = 0..: the
-        empirical counterpart of alpha^(j+1), so runs of agreement (bursts) are priced as observed.
-        Tokens per iteration at k: 1 + sum of survival[:k]."""
-        def rate(k: int) -> float:
-            return (1.0 + float(np.sum(survival[:k]))) / self.iteration_cost(k, 0.0, float(survival[k - 1]))
-        return max(self._ks(k_min, min(k_max, len(survival))), key=rate)
+        """The best k for per-position survival probabilities (``speedup_for_survival``)."""
+        return max(self._ks(k_min, min(k_max, len(survival))), key=lambda k: self.speedup_for_survival(survival, k))
 
 
 def calibrate_loop(model: TimeModel, traces: list[Trace], draft_s: list[np.ndarray], verify_s: list[np.ndarray],

@@ -103,6 +103,55 @@ def test_cost_model_policy_tracks_alpha():
     assert p.alpha < 0.3 and p.k == 1  # one all-accepted k=10 iteration weighs ten checks
 
 
+def _dear_table():
+    from speclab.time_model import CostTable
+
+    # A draft step at 0.9 target steps and a jagged check: no k pays below alpha ~0.95.
+    return CostTable({1: 0.9, 2: 1.0}, {k: 1.3 + 0.05 * k for k in range(1, 11)})
+
+
+def test_cost_model_stops_speculating_where_no_k_pays_and_probes():
+    p = CostModelK(0.9, 1.0, k_min=0, k_max=10, table=_dear_table(), estimator="positions", probe_every=4)
+    for _ in range(3):
+        p.update(p.k, 0)
+    assert p.k == 0  # every k >= 1 is priced below a plain step
+    ks = []
+    for _ in range(20):
+        k = p.k
+        ks.append(k)
+        p.update(k, 0)  # the draft keeps missing
+    drafted = [i for i, k in enumerate(ks) if k]
+    assert drafted and all(b - a == 5 for a, b in zip(drafted, drafted[1:]))  # 4 plain steps, then one probe
+    # With k_min = 1 the same evidence keeps it drafting at its cheapest k.
+    q = CostModelK(0.9, 1.0, k_min=1, k_max=10, table=_dear_table(), estimator="positions")
+    for _ in range(5):
+        q.update(q.k, 0)
+    assert q.k == 1
+
+
+def test_cost_model_keeps_speculating_where_drafting_pays():
+    from speclab.time_model import CostTable
+
+    cheap = CostTable({1: 0.1, 2: 0.12}, {k: 1.0 for k in range(1, 11)})
+    p = CostModelK(0.1, 1.0, k_min=0, k_max=10, table=cheap, estimator="positions")
+    for _ in range(10):
+        assert p.k >= 1
+        p.update(p.k, p.k)
+    assert p.k == 10
+
+
+def test_cost_model_with_plain_steps_keeps_output_exact(tiny_pair):
+    target, useless = tiny_pair
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        pol = CostModelK(0.9, 1.0, k_min=0, k_max=6, table=_dear_table(), estimator="positions", probe_every=3)
+        res = speculative_generate(target, ModelDrafter(useless), ids, 40, k=pol)
+        assert res.tokens == plain_greedy(target, ids, 40).tokens
+        ks = [it.k for it in res.iterations]
+        assert 0 in ks and any(ks)  # plain steps and probes, the draft catching up after each run of plain steps
+        assert max(it.draft_fed for it in res.iterations) >= 4
+
+
 def test_policy_bad_values():
     with pytest.raises(ValueError, match="k=0"):
         FixedK(0)

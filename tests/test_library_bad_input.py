@@ -121,7 +121,7 @@ CASES = [
     ("fixed-numpy-float", _construct(lambda: FixedK(np.float64(2.0))), ValueError, ["k=np.float64(2.0)", "integer >= 1"]),
     ("heuristic-k-max", _construct(lambda: HeuristicK(k_max=2.5)), ValueError, ["k_max=2.5 is not allowed", "integer >= 1"]),
     ("heuristic-k-start", _construct(lambda: HeuristicK(k_start=np.int64(0))), ValueError, ["k_start=0 is not allowed"]),
-    ("cost-model-k-min", _construct(lambda: CostModelK(1.0, k_min=0)), ValueError, ["k_min=0 is not allowed"]),
+    ("cost-model-k-min", _construct(lambda: CostModelK(1.0, k_min=-1)), ValueError, ["k_min=-1 is not allowed"]),
     ("folder-absolute", _model("/nonexistent/model"), ValueError,
      ["model folder '/nonexistent/model' does not exist", *ANY_MODEL]),
     ("folder-relative", _model("./no_such_dir"), ValueError, ["model folder './no_such_dir' does not exist", *ANY_MODEL]),

@@ -55,6 +55,24 @@ def test_speculative_time_is_the_sum_of_its_iterations():
     assert tm.speedup(tr) == pytest.approx(150.0 / d.total)
 
 
+def test_time_model_repriced_at_other_step_times():
+    tm = TimeModel(_flat(10.0, 1.0), _flat(2.0, 0.5), LoopCosts(rollback_s=0.1))
+    tr = _trace([3, 3], [4, 2], [1, 2], [3, 3])
+    same = tm.at_steps(10.0, 2.0, 10)
+    assert same.speculative(tr).total == pytest.approx(tm.speculative(tr).total)
+    # Both models twice as slow: every pass doubles, the loop's microseconds stay, the speed-up barely moves.
+    slow = tm.at_steps(20.0, 4.0, 10)
+    assert slow.target.time(4, 30) == pytest.approx(2 * tm.target.time(4, 30))
+    assert slow.target.prefill_time(9) == pytest.approx(2 * tm.target.prefill_time(9))
+    assert slow.plain(10, 6).total == pytest.approx(2 * tm.plain(10, 6).total)
+    # Only the draft slower: speculation loses ground, plain decoding does not change.
+    dear = tm.at_steps(10.0, 6.0, 10)
+    assert dear.plain(10, 6).total == pytest.approx(tm.plain(10, 6).total)
+    assert dear.speedup(tr) < tm.speedup(tr)
+    assert dear.draft.time(2, 10) == pytest.approx(3 * tm.draft.time(2, 10))
+    assert TimeModel(_flat(10.0), None).at_steps(5.0, None, 10).draft is None  # lookup: no draft to re-price
+
+
 def test_lookup_iterations_cost_no_draft_and_no_draft_prefill():
     tm = TimeModel(_flat(10.0), None, LoopCosts(lookup_s=0.05))
     tr = _trace([2, 0, 3], [3, 1, 2], [0, 0, 0], [0, 0, 0], model=False, lookup=True)

@@ -81,9 +81,12 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
     run_parts(held)
     assert not set(pd.read_parquet(output_path(held, "acceptance")).prompt_id) & set(acc.prompt_id)
     speed_cfg = make_cfg(tmp_path, "stage=speed", "stage.ks=[1,2]", "stage.recommended=true", "stage.timing_repeats=2",
-                         "stage.timing_warmup=0", "prompts.per_kind=2", *common)
+                         "stage.timing_warmup=0", "stage.block_timing_repeats=2", "prompts.per_kind=2", *common)
     run_parts(speed_cfg)
     runs = pd.read_parquet(output_path(speed_cfg, "speed"))
+    # Each block's step times, taken before its runs: one value per block, shared by its rows.
+    assert (runs[["block_target_step_s", "block_draft_step_s"]] > 0).all().all()
+    assert (runs.groupby("block")[["block_target_step_s", "block_draft_step_s"]].nunique() == 1).all().all()
     rec = runs[runs.arm == "recommended"]
     for r in rec.itertuples():
         chosen = best.loc[r.kind]
@@ -101,7 +104,8 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
     points = pd.read_parquet(tmp_path / "analysis" / "time_model_points.parquet")
     assert set(points.k) == {1, 2} and set(points.kind) == {"prose", "code", "all"}
     assert (points.prompts == points.kind.map({"prose": 1, "code": 1, "all": 2})).all()  # held-out prompts only
-    assert (points[["tm_own", "tm_kind", "iid_own"]] > 0).all().all()
+    assert (points[["tm_own", "tm_kind", "iid_own", "tm_block", "iid_block"]] > 0).all().all()
+    assert (points.tm_block_runs == points.runs).all()  # every held-out run priced at its block's step times
     # The loop's stopwatches account for its wall time: the measured parts add up to it.
     dec = pd.read_parquet(tmp_path / "analysis" / "time_model_decomposition.parquet")
     meas = dec[dec.source == "measured"]

@@ -20,10 +20,13 @@ from pipeline.stages.common import (
 )
 from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
-from speclab.step_costs import step_costs
+from speclab.step_costs import pass_times, step_costs
 
 log = logging.getLogger(__name__)
 STEP_FIELDS = [f"{name}_{when}_s" for when in ("before", "after") for name in ("target_step", "draft_step", "verify")]
+# One-token step times taken in each block just before its runs (stage.block_timing_repeats > 0; NaN
+# otherwise): the machine's state at the time of the runs, for a time model priced at that state.
+BLOCK_STEP_FIELDS = ["block_target_step_s", "block_draft_step_s"]
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("round", "int32"), ("rotation", "int32"), ("block", "int32"), ("prompt_id", "string"), ("kind", "string"),
     ("arm", "string"), ("position", "int32"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
@@ -33,7 +36,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("tokens_per_pass", "float64"), ("iterations", "int32"), ("draft_s_per_iter", "float64"),
     ("verify_s_per_iter", "float64"), ("rollback_s_per_iter", "float64"), ("bookkeeping_s_per_iter", "float64"),
     ("identical_to_plain", "bool"),
-] + [(f, "float64") for f in STEP_FIELDS] + MEMORY_FIELDS)
+] + [(f, "float64") for f in STEP_FIELDS + BLOCK_STEP_FIELDS] + MEMORY_FIELDS)
 
 
 def step_times(ctx: StageContext, ks: list[int], progress: str | None = None) -> tuple[float, float, dict[int, float]]:
@@ -42,6 +45,15 @@ def step_times(ctx: StageContext, ks: list[int], progress: str | None = None) ->
     ids = ctx.inputs[ctx.prompts[0].id]
     c = step_costs(ctx.pair.target, ctx.pair.draft, ids, ks, int(st.timing_repeats), int(st.timing_warmup), progress)
     return c.target_step_s, c.draft_step_s, c.verify_s
+
+
+def block_step_times(ctx: StageContext, ids) -> dict[str, float]:
+    """Target and draft one-token step after this prompt, timed now (median of the configured repeats)."""
+    repeats = int(ctx.cfg.stage.get("block_timing_repeats", 0))
+    if not repeats:
+        return dict.fromkeys(BLOCK_STEP_FIELDS, float("nan"))
+    (t,), (d,) = (pass_times(m, ids, [1], repeats, 1) for m in (ctx.pair.target, ctx.pair.draft))
+    return {"block_target_step_s": t.median_s, "block_draft_step_s": d.median_s}
 
 
 def _breakdown(res: GenerationResult) -> dict[str, float]:
@@ -132,6 +144,7 @@ def run(ctx: StageContext) -> StageOutput:
             shift = (int(cfg.rotation) + int(cfg.round) + block) % len(names)
             order = names[shift:] + names[:shift]
             ids = ctx.inputs[prompt.id]
+            now = block_step_times(ctx, ids)
             results = {arm: run_arm(ctx, resolve(arm, prompt.kind, plan), ids, gen) for arm in order}
             plain_tokens, plain_wall = results[names[0]][:2]
             plain_tps = len(plain_tokens) / plain_wall
@@ -147,7 +160,7 @@ def run(ctx: StageContext) -> StageOutput:
                              "temperature": sampling.temperature, "top_p": sampling.top_p,
                              "new_tokens": len(toks), "wall_s": wall, "prefill_s": prefill, "tokens_per_s": tps,
                              "ratio_to_adjacent_plain": tps / plain_tps,
-                             "identical_to_plain": toks == plain_tokens, **extra, **mem})
+                             "identical_to_plain": toks == plain_tokens, **extra, **now, **mem})
             block += 1
     log.info("speed: step and pass times after the runs (drift check)")
     after = step_times(ctx, arm_ks, "step times after")
