@@ -45,19 +45,6 @@ def with_all(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([df, df.assign(kind=ALL)], ignore_index=True)
 
 
-def iid_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.Series:
-    """Per speed row: the i.i.d. formula with its prompt's alpha-hat at k, c_draft and c_verify from the
-    time model re-priced at that row's block step times (NaN where the block was not timed)."""
-    runs = {key: (alpha_hat(g.accepted, g.proposed), int(g.prompt_len.iloc[0])) for key, g in acc.groupby(["prompt_id", "k"])}
-    out = []
-    for r in speed.itertuples():
-        t_step, d_step = getattr(r, "block_target_step_s", np.nan), getattr(r, "block_draft_step_s", np.nan)
-        hit = runs.get((r.prompt_id, r.k))
-        ok = hit is not None and t_step > 0 and d_step > 0
-        out.append(model.at_steps(t_step, d_step, hit[1]).iid(hit[0], int(r.k)) if ok else np.nan)
-    return pd.Series(out, index=speed.index, dtype=float)
-
-
 def iid_by_kind(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
     """The i.i.d. formula per (kind, k): alpha-hat pooled over the rows, c_draft and c_verify(k) from the timing stage."""
     rows = []
@@ -72,8 +59,8 @@ def points_table(model: TimeModel, acc_cal: pd.DataFrame, acc_held: pd.DataFrame
     """Per (kind, k): measured on held-out prompts, each predictor with an interval; and the per-run predictions."""
     own, kind = predict_runs(model, acc_held), predict_runs(model, acc_cal)
     iid_own, iid_kind = iid_by_kind(model, acc_held), iid_by_kind(model, acc_cal)
-    speed_held = speed_held.assign(tm_block=predict_at_blocks(model, acc_held, speed_held),
-                                   iid_block=iid_at_blocks(model, acc_held, speed_held))
+    at_blocks = predict_at_blocks(model, acc_held, speed_held)
+    speed_held = speed_held.assign(tm_block=at_blocks.predicted, iid_block=at_blocks.predicted_iid)
     rows = []
     for (kd, k), g in with_all(speed_held).groupby(["kind", "k"], sort=True):
         ratios = g.ratio_to_adjacent_plain.to_numpy()

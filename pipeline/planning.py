@@ -71,21 +71,24 @@ def predict_runs(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def predict_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.Series:
+def predict_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
     """Per speed row: the predicted speed-up of its configuration on its prompt (the acceptance run's
-    trace), with the time model re-priced at the step times taken just before that row's block
-    (``block_target_step_s`` / ``block_draft_step_s``). NaN where the block was not timed or no
-    acceptance run matches. The speed rows' own times and ratios are not used."""
-    runs = {key: tr for key, tr, _ in traces(acc)}
+    trace) and the i.i.d. formula's (that run's alpha-hat; fixed k only), with the time model re-priced
+    at the step times taken just before that row's block (``block_target_step_s`` /
+    ``block_draft_step_s``). NaN where the block was not timed or no acceptance run matches. The speed
+    rows' own times and ratios are not used."""
+    runs = {key: (tr, g) for key, tr, g in traces(acc)}
     out = []
     for r in speed.itertuples():
-        tr = runs.get((r.prompt_id, r.kind, r.drafter, r.k_policy, r.k))
+        key = (r.prompt_id, r.kind, r.drafter, r.k_policy, r.k)
         t_step, d_step = getattr(r, "block_target_step_s", np.nan), getattr(r, "block_draft_step_s", np.nan)
-        if tr is None or not (t_step > 0) or not (d_step > 0):
-            out.append(np.nan)
+        if key not in runs or not (t_step > 0) or not (d_step > 0):
+            out.append((np.nan, np.nan))
             continue
-        out.append(model.at_steps(t_step, d_step, tr.prompt_len).speedup(tr))
-    return pd.Series(out, index=speed.index, dtype=float)
+        (tr, g), at = runs[key], model.at_steps(t_step, d_step, runs[key][0].prompt_len)
+        iid = at.iid(alpha_hat(g.accepted, g.proposed), int(r.k), tr.uses_model) if r.k_policy == "fixed" else np.nan
+        out.append((at.speedup(tr), iid))
+    return pd.DataFrame(out, index=speed.index, columns=["predicted", "predicted_iid"], dtype=float)
 
 
 def bootstrap_median(values: np.ndarray, samples: int, level: float, seed: int = 0) -> tuple[float, float, float]:

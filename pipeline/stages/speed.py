@@ -20,7 +20,7 @@ from pipeline.stages.common import (
 )
 from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
-from speclab.step_costs import pass_times, step_costs
+from speclab.step_costs import step_costs
 
 log = logging.getLogger(__name__)
 STEP_FIELDS = [f"{name}_{when}_s" for when in ("before", "after") for name in ("target_step", "draft_step", "verify")]
@@ -52,8 +52,8 @@ def block_step_times(ctx: StageContext, ids) -> dict[str, float]:
     repeats = int(ctx.cfg.stage.get("block_timing_repeats", 0))
     if not repeats:
         return dict.fromkeys(BLOCK_STEP_FIELDS, float("nan"))
-    (t,), (d,) = (pass_times(m, ids, [1], repeats, 1) for m in (ctx.pair.target, ctx.pair.draft))
-    return {"block_target_step_s": t.median_s, "block_draft_step_s": d.median_s}
+    c = step_costs(ctx.pair.target, ctx.pair.draft, ids, [], repeats, warmup=1)
+    return {"block_target_step_s": c.target_step_s, "block_draft_step_s": c.draft_step_s}
 
 
 def _breakdown(res: GenerationResult) -> dict[str, float]:
