@@ -5,8 +5,9 @@
 
 The plan comes from `python -m pipeline.run +sweep=plan` (stage plan). When the same campaign holds
 speed runs with the `recommended` arm (`+sweep=check_plan`), the check compares it, block by block,
-with every fixed configuration, transformers' assisted generation with default settings, and the
-cost-model policy with fixed k = 4. ``--write`` also stores both tables (the DVC stage does).
+with the best fixed configuration, transformers' assisted generation with default settings, and the
+cost-model policy with fixed k = 4; a confirmatory check (`+sweep=confirm_plan`) names the best
+fixed configuration before its runs and is reported beside the exploratory one. ``--write`` also stores both tables (the DVC stage does).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pandas as pd
 
 from analysis.common import bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_table
 from analysis.inputs import AnalysisError, stage_paths
+from pipeline.best_fixed import BestFixed, best_fixed, exploratory_blocks, fixed_rows
 from pipeline.parquet import read_meta
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
@@ -65,44 +67,96 @@ def checked_blocks(speed: pd.DataFrame) -> pd.DataFrame:
     return speed.merge(speed[speed.arm == "recommended"][key].drop_duplicates(), on=key)
 
 
+def _distance(speed: pd.DataFrame, a: pd.Series, b: pd.Series) -> float:
+    """Median number of runs between arm rows ``a`` and ``b`` in a block (1: back to back)."""
+    key = ["config_hash", "round", "block"]
+    pa, pb = speed[a].groupby(key).position.median(), speed[b].groupby(key).position.median()
+    both = pa.index.intersection(pb.index)
+    return float((pa[both] - pb[both]).abs().median()) if len(both) else float("nan")
+
+
+def _comparisons(speed: pd.DataFrame, design: str, explo_best: BestFixed | None) -> list[tuple]:
+    """(name, rows a, rows b, baseline label, how the baseline was chosen) for one check design."""
+    rec = speed.arm == "recommended"
+    out = []
+    if design == "exploratory":
+        best = best_fixed(speed)
+        label = f"speculative {best.drafter} k={best.k}"
+        out.append(("recommended vs best fixed", rec, speed.config == label, label,
+                    f"after the runs: the best of {best.configs} fixed configurations in these blocks"))
+    else:
+        for (drafter, k), _ in speed[fixed_rows(speed)].groupby(["drafter", "k"]):
+            label = f"speculative {drafter} k={k}"
+            named = (explo_best is not None and (drafter, int(k)) == (explo_best.drafter, explo_best.k))
+            out.append(("recommended vs best fixed", rec, speed.config == label, label,
+                        "before the runs: the exploratory check's best" if named else "before the runs"))
+    hf = speed.arm == "hf_default"
+    if hf.any():
+        out.append(("recommended vs transformers default", rec, hf, "hf_default", "before the runs"))
+    cm = (speed.arm == "speculative") & (speed.k_policy == "cost_model") & (speed.drafter == "model")
+    k4 = (speed.arm == "speculative") & (speed.k_policy == "fixed") & (speed.drafter == "model") & (speed.k == 4)
+    if cm.any() and k4.any():
+        out.append(("cost-model policy vs fixed k=4", cm, k4, "speculative model k=4", "before the runs"))
+    return out
+
+
+def _config_of(rows: pd.DataFrame) -> str:
+    """What the compared arm ran: one configuration, or "per kind" (the plan's choice differs by kind)."""
+    labels = sorted(set(rows.config))
+    return labels[0].replace("recommended", "speculative", 1) if len(labels) == 1 else "per kind"
+
+
+def _ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series, same_as: str | None, boot: dict) -> dict:
+    """Median of within-block ratios of rows ``a`` over rows ``b``, its interval, how far apart the two
+    ran, and (``same_as``: the baseline's label) the noise floor from blocks where ``a`` ran that config."""
+    r = block_ratios(speed, a, b)
+    lo, hi = bootstrap_ci(r, np.median, **boot)
+    med = float(np.median(r)) if len(r) else float("nan")
+    # Blocks where the recommendation *is* the baseline's configuration: two runs of one
+    # configuration, so their ratios are the check's noise floor on this machine.
+    same = block_ratios(speed, a & speed.config.str.replace("recommended", "speculative", n=1).eq(same_as), b) \
+        if same_as else np.array([])
+    q = np.quantile(same, [0.25, 0.75]) if len(same) else (np.nan, np.nan)
+    return {"runs_apart": _distance(speed, a, b), "blocks": len(r), "median_ratio": med, "ratio_lo": lo,
+            "ratio_hi": hi, "same_config_blocks": len(same),
+            "same_config_median": float(np.median(same)) if len(same) else np.nan,
+            "same_config_q25": float(q[0]), "same_config_q75": float(q[1]),
+            "speedup_a": float(speed[a].ratio_to_adjacent_plain.median()),
+            "speedup_b": float(speed[b].ratio_to_adjacent_plain.median())}
+
+
 def check(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
-    """The three comparisons of the plan's check, as medians of within-block ratios.
+    """The three comparisons of the plan's check, as medians of within-block ratios, per check design.
 
     Only blocks that ran the recommended arm count, so every arm is pooled over the same prompts
-    and rounds (other speed jobs of the campaign may cover other prompts, other arms).
+    and rounds (other speed jobs of the campaign may cover other prompts, other arms). The
+    *exploratory* check (``+sweep=check_plan``) picks the best fixed configuration after the runs
+    from many arms; the *confirmatory* one (``+sweep=confirm_plan``) names it before the runs and
+    runs it next to the recommendation.
     """
     speed = checked_blocks(speed)
     if speed.empty:
         return pd.DataFrame()
     speed = speed.assign(config=config_label(speed))
-    rec = speed.arm == "recommended"
-    fixed = speed[(speed.arm == "speculative") & (speed.k_policy == "fixed")]
-    pooled = fixed.groupby("config").ratio_to_adjacent_plain.median().sort_values(ascending=False)
+    explo = exploratory_blocks(speed)
+    explo_best = best_fixed(explo)
     rows = []
-    comparisons = [("recommended vs best fixed", rec, speed.config == pooled.index[0], pooled.index[0])]
-    hf = speed.arm == "hf_default"
-    if hf.any():
-        comparisons.append(("recommended vs transformers default", rec, hf, "hf_default"))
-    cm = (speed.arm == "speculative") & (speed.k_policy == "cost_model") & (speed.drafter == "model")
-    k4 = (speed.arm == "speculative") & (speed.k_policy == "fixed") & (speed.drafter == "model") & (speed.k == 4)
-    if cm.any() and k4.any():
-        comparisons.append(("cost-model policy vs fixed k=4", cm, k4, "speculative model k=4"))
-    for name, a, b, b_label in comparisons:
-        r = block_ratios(speed, a, b)
-        lo, hi = bootstrap_ci(r, np.median, **boot)
-        med = float(np.median(r)) if len(r) else float("nan")
-        # Blocks where the recommendation *is* the baseline's configuration: two runs of one
-        # configuration, so their ratios are the check's noise floor on this machine.
-        same = block_ratios(speed, a & speed.config.str.replace("recommended", "speculative", n=1).eq(b_label), b) \
-            if name == "recommended vs best fixed" else np.array([])
-        q = np.quantile(same, [0.25, 0.75]) if len(same) else (np.nan, np.nan)
-        rows.append({"comparison": name, "baseline": b_label, "blocks": len(r), "median_ratio": med,
-                     "ratio_lo": lo, "ratio_hi": hi, "same_config_blocks": len(same),
-                     "same_config_median": float(np.median(same)) if len(same) else np.nan,
-                     "same_config_q25": float(q[0]), "same_config_q75": float(q[1]),
-                     "speedup_a": float(speed[a].ratio_to_adjacent_plain.median()),
-                     "speedup_b": float(speed[b].ratio_to_adjacent_plain.median()),
-                     "goal": GOALS[name], "met": bool(med >= GOALS[name])})
+    for design, part in (("exploratory", explo), ("confirmatory", speed[~speed.config_hash.isin(explo.config_hash)])):
+        if part.empty:
+            continue
+        arms_per_block = float(part.groupby(["config_hash", "round", "block"]).size().median())
+        for name, a, b, b_label, chosen in _comparisons(part, design, explo_best):
+            # The best-fixed comparison also per kind: where the plan chose something else, and how that fared.
+            kinds = ["all"] + (sorted(part.kind.unique()) if name == "recommended vs best fixed" else [])
+            for kind in kinds:
+                sub = part.kind.eq(kind) | (kind == "all")
+                rows.append({"check": design, "comparison": name, "kind": kind,
+                             "config": _config_of(part[a & sub]), "baseline": b_label,
+                             "baseline_chosen": chosen, "arms_per_block": arms_per_block,
+                             **_ratios(part, a & sub, b & sub, b_label if name == "recommended vs best fixed" else None,
+                                       boot),
+                             "goal": GOALS[name]})
+                rows[-1]["met"] = bool(rows[-1]["median_ratio"] >= GOALS[name])
     return pd.DataFrame(rows)
 
 
@@ -147,7 +201,7 @@ def main() -> None:
     plan = latest_plan(plan)
     speed = read_stage(params["outputs_dir"], "speed", campaign)
     checked = check(speed, boot) if not speed.empty else pd.DataFrame()
-    ranking = fixed_ranking(checked_blocks(speed)) if not checked.empty else pd.DataFrame()
+    ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed))) if not checked.empty else pd.DataFrame()
     print(f"campaign {campaign}")
     print(show_plan(plan, args.top))
     if not checked.empty:

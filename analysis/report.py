@@ -271,6 +271,30 @@ def exercise4_text(ex4: pd.DataFrame, dec: pd.DataFrame) -> list[str]:
     return s
 
 
+def best_fixed_verdict(check: pd.DataFrame) -> list[str]:
+    """In words, per check design: recommended vs the best fixed configuration, pooled and where the plan
+    chose something else."""
+    rows = check[check.comparison == "recommended vs best fixed"]
+    out = []
+    for design, g in rows.groupby("check", sort=False):
+        pooled = g[g.kind == "all"].iloc[0]
+        tie = pooled.ratio_lo <= pooled.goal <= pooled.ratio_hi
+        verdict = "a tie at this number of blocks" if tie else ("above" if pooled.median_ratio > pooled.goal else "below")
+        diff = g[(g.kind != "all") & (g.config != g.baseline)]
+        own = "; ".join(f"{r.kind} ran {r.config.replace('speculative ', '')}: {r.median_ratio:.3f} "
+                        f"({r.ratio_lo:.3f}-{r.ratio_hi:.3f})" for r in diff.itertuples())
+        out.append(f"- **{design.capitalize()}**: recommended vs {pooled.baseline.replace('speculative ', '')} "
+                   f"(chosen {pooled.baseline_chosen}), {int(pooled.blocks)} blocks, "
+                   f"{pooled.runs_apart:.0f} run{'' if pooled.runs_apart == 1 else 's'} apart: "
+                   f"median ratio {pooled.median_ratio:.3f} ({pooled.ratio_lo:.3f}-{pooled.ratio_hi:.3f}), {verdict}. "
+                   + (f"Where the plan chose another configuration: {own}. " if own else
+                      "The plan chose the baseline's configuration for every kind. ")
+                   + (f"Where it chose the same one ({int(pooled.same_config_blocks)} blocks), the ratio of two runs "
+                      f"of one configuration has IQR {pooled.same_config_q25:.3f}-{pooled.same_config_q75:.3f}: "
+                      f"this design's noise floor." if pooled.same_config_blocks else ""))
+    return out + ([""] if out else [])
+
+
 def planner_section(t: dict[str, pd.DataFrame]) -> list[str]:
     plan, check, ranking = t["recommendation"], t["recommendation_check"], t["recommendation_ranking"]
     if plan.empty:
@@ -284,17 +308,22 @@ def planner_section(t: dict[str, pd.DataFrame]) -> list[str]:
          markdown_table(rec[["pair", "kind", "drafter", "k_policy", "k", "prompts", "predicted", "predicted_lo",
                              "predicted_hi", "predicted_iid"]]), ""]
     if not check.empty:
-        s += ["The speed stage ran the recommendation as an arm in the same rotated blocks as plain, every fixed "
-              "configuration, the cost-model policy and transformers' assisted generation with default settings, on "
-              "all prompts (`+sweep=check_plan`). Ratios are medians of within-block tokens/s ratios (95% "
-              "bootstrap interval; `met` compares the median with the goal, and where the interval straddles the "
-              "goal the comparison is a tie at this number of blocks; `speedup_a`/`_b` are each arm's pooled median "
-              "speed-up over its adjacent plain run, a second view that need not agree with the within-block ratio; "
-              "`same_config_*`: the blocks of kinds whose recommendation *is* the best fixed configuration, i.e. two "
-              "runs of one configuration in one block, whose ratios are the noise floor of this check on this "
-              "machine):\n",
-              markdown_table(check), "",
-              "Every arm's pooled speed-up over the adjacent plain run:\n", markdown_table(ranking), ""]
+        s += ["The speed stage ran the recommendation as an arm in the same rotated blocks as plain. Two designs "
+              "(`check`): the *exploratory* check (`+sweep=check_plan`) runs it beside every fixed configuration, "
+              "the cost-model policy and transformers' assisted generation with default settings, on all prompts, "
+              "and picks the best fixed configuration after the runs (the winner of many noisy arms, so favoured, "
+              "and `runs_apart` from the recommendation in a block of `arms_per_block` runs, with the machine's "
+              "drift in between); the *confirmatory* check (`+sweep=confirm_plan`) names that configuration "
+              "before its runs and runs only plain, it and the recommendation, so the two are at most two runs "
+              "apart. Ratios are medians of within-block tokens/s ratios (95% bootstrap interval; `met` compares "
+              "the median with the goal, and where the interval straddles the goal the comparison is a tie at "
+              "this number of blocks; `speedup_a`/`_b` are each arm's pooled median speed-up over its block's plain "
+              "run, a second view that need not agree with the within-block ratio; `same_config_*`: the blocks of "
+              "kinds whose recommendation *is* the baseline's configuration, i.e. two runs of one configuration in "
+              "one block, whose ratios are the noise floor of that design on this machine):\n",
+              markdown_table(check), "", *best_fixed_verdict(check),
+              "Every arm's pooled speed-up over its block's plain run in the exploratory check:\n",
+              markdown_table(ranking), ""]
     return s
 
 

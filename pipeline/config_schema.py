@@ -138,6 +138,7 @@ class SpeedStage(KsStage):
     drafters: list[str] = field(default_factory=list)
     drafter_ks: list[int] = field(default_factory=list)
     recommended: bool = False
+    best_fixed: bool = False
     block_timing_repeats: int = 0
 
 

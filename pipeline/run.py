@@ -79,13 +79,17 @@ def _run_name(cfg: DictConfig, part: str) -> str:
     from pipeline.stages.common import stage_ks
 
     bits = [part]
-    if part in ("acceptance", "speed", "divergence"):
+    if part == "speed" and cfg.stage.get("best_fixed"):
+        bits.append("best-fixed")  # its k is the exploratory check's, not the job's
+    elif part in ("acceptance", "speed", "divergence"):
         ks = stage_ks(cfg, "acceptance_ks" if part == "acceptance" else "ks")
         bits.append(f"k{ks[0]}" if len(ks) == 1 else "k" + ",".join(map(str, ks)))
     if cfg.drafter.name != "model":
         bits.append(str(cfg.drafter.name))
     if cfg.k_policy.name != "fixed":
         bits.append(str(cfg.k_policy.name))
+    if part == "speed" and cfg.stage.get("recommended"):
+        bits.append("+recommended")
     if cfg.sampling.do_sample:
         bits.append(f"T{cfg.sampling.temperature:g}" + (f" p{cfg.sampling.top_p:g}" if cfg.sampling.top_p < 1 else ""))
     skip = int(cfg.prompts.get("skip_per_kind", 0))

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from pipeline.best_fixed import best_fixed
 from pipeline.jobs import output_path
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
@@ -93,12 +94,26 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
         assert (r.drafter, r.k_policy, r.k) == (chosen.drafter, chosen.k_policy, chosen.k)
     assert set(rec.block) == set(runs.block)  # in every block, beside plain
 
+    # The confirmatory check: plain, the exploratory check's best fixed configuration (named now)
+    # and the recommendation, in blocks of three.
+    confirm_cfg = make_cfg(tmp_path, "stage=speed", "stage.best_fixed=true", "stage.recommended=true",
+                           "stage.block_timing_repeats=2", "stage.timing_repeats=2", "stage.timing_warmup=0",
+                           "prompts.per_kind=2", *common)
+    run_parts(confirm_cfg)
+    confirm = pd.read_parquet(output_path(confirm_cfg, "speed"))
+    named, spec = best_fixed(runs), confirm[confirm.arm == "speculative"]
+    assert set(confirm.arm) == {"plain", "speculative", "recommended"} and confirm.groupby("block").size().eq(3).all()
+    assert set(zip(spec.drafter, spec.k, spec.k_policy)) == {(named.drafter, named.k, "fixed")}
+
     printed = _script(tmp_path, "analysis.recommend", "--write")
     for kind in ("prose", "code"):
         label = "plain" if best.loc[kind].drafter == "none" else best.loc[kind].drafter
         assert any(line.split()[:3] == [kind, "recommended", label] for line in printed.splitlines()), printed
     check = pd.read_parquet(tmp_path / "analysis" / "recommendation_check.parquet")
-    assert check.comparison.iloc[0] == "recommended vs best fixed" and check.blocks.iloc[0] == 4
+    best_rows = check[(check.comparison == "recommended vs best fixed") & (check.kind == "all")].set_index("check")
+    assert best_rows.blocks.to_dict() == {"exploratory": 4, "confirmatory": 4}
+    assert best_rows.baseline_chosen["confirmatory"] == "before the runs: the exploratory check's best"
+    assert best_rows.baseline["confirmatory"] == f"speculative {named.drafter} k={named.k}"
 
     _script(tmp_path, "analysis.time_model")
     points = pd.read_parquet(tmp_path / "analysis" / "time_model_points.parquet")
@@ -117,4 +132,11 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
 def test_recommended_arm_without_a_plan_is_one_line(tmp_path):
     cfg = make_cfg(tmp_path, "stage=speed", "stage.recommended=true", "prompts.per_kind=1", "prompts.kinds=[code]")
     with pytest.raises(ValueError, match=r"stage.recommended=true needs a plan for pair tiny_random in campaign scratch"):
+        run_parts(cfg)
+
+
+def test_best_fixed_arm_without_an_exploratory_check_is_one_line(tmp_path):
+    cfg = make_cfg(tmp_path, "stage=speed", "stage.best_fixed=true", "prompts.per_kind=1", "prompts.kinds=[code]")
+    with pytest.raises(ValueError, match=r"stage.best_fixed=true needs an exploratory check of pair tiny_random "
+                                         r"in campaign scratch .*run `python -m pipeline.run \+sweep=check_plan"):
         run_parts(cfg)

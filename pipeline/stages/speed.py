@@ -11,6 +11,7 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from pipeline.best_fixed import BestFixed, best_fixed
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
@@ -83,7 +84,12 @@ def arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
     """Plain, speculative at each fixed k, each adaptive k policy, the other drafters, the plan's
     recommendation and (optionally) the peer."""
     st, default, drafter = ctx.cfg.stage, str(ctx.cfg.k_policy.name), str(ctx.cfg.drafter.name)
-    out: list[Arm] = [("plain", 0, "none", "none")] + [("speculative", k, default, drafter) for k in ks]
+    out: list[Arm] = [("plain", 0, "none", "none")]
+    if st.get("best_fixed"):  # the exploratory check's best, named now: it replaces the job's own k arms
+        best = campaign_best_fixed(ctx.cfg)
+        out.append(("speculative", best.k, "fixed", best.drafter))
+    else:
+        out += [("speculative", k, default, drafter) for k in ks]
     out += [("speculative", int(ctx.cfg.k), str(p), drafter) for p in st.get("k_policies") or [] if p != default]
     out += [("speculative", k, "fixed", str(d)) for d in st.get("drafters") or [] if d != drafter
             for k in [int(x) for x in st.get("drafter_ks") or []] or ks]
@@ -139,7 +145,7 @@ def run(ctx: StageContext) -> StageOutput:
     before = step_times(ctx, arm_ks, "step times before")
     rows, block = [], 0
     for r in range(int(st.rounds)):
-        for prompt in tqdm(ctx.prompts, desc=f"speed k={ks} round {r}", leave=False):
+        for prompt in tqdm(ctx.prompts, desc=f"speed {len(names)} arms round {r}", leave=False):
             # Rotate which arm goes first so slow drift cannot favour one arm systematically.
             shift = (int(cfg.rotation) + int(cfg.round) + block) % len(names)
             order = names[shift:] + names[:shift]
@@ -185,6 +191,22 @@ def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
     rec = pd.read_parquet(files[-1])
     rec = rec[rec.recommended]
     return {str(r.kind): ("recommended", int(r.k), str(r.k_policy), str(r.drafter)) for r in rec.itertuples()}
+
+
+def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
+    """The best fixed configuration of this pair's exploratory checks in this campaign."""
+    from pipeline.jobs import campaign_dir
+
+    files = sorted((campaign_dir(cfg) / "speed").glob(f"{cfg.pair.name}-*.parquet"))
+    speed = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    best = best_fixed(speed) if not speed.empty else None
+    if best is None:
+        raise ValueError(f"stage.best_fixed=true needs an exploratory check of pair {cfg.pair.name} in campaign "
+                         f"{cfg.campaign} (the recommended arm beside two or more fixed configurations): run "
+                         f"`python -m pipeline.run +sweep=check_plan campaign={cfg.campaign}` first")
+    log.info(f"speed: best fixed configuration of the exploratory check: {best.drafter} k={best.k} "
+             f"(speed-up {best.speedup:.3f}, best of {best.configs} over {best.blocks} blocks)")
+    return best
 
 
 def _arm_name(method: str, k: int, policy: str, drafter: str, kind: str) -> str:
