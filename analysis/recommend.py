@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.common import bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_table
 from analysis.inputs import AnalysisError, stage_paths
-from pipeline.best_fixed import BestFixed, best_fixed, exploratory_blocks, fixed_rows
+from pipeline.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
 from pipeline.parquet import read_meta
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
@@ -54,23 +54,20 @@ def config_label(df: pd.DataFrame) -> pd.Series:
 
 def block_ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series) -> np.ndarray:
     """tokens/s of arm rows ``a`` over arm rows ``b`` in the same block (one per block and round)."""
-    key = ["config_hash", "round", "block"]
-    x = speed[a].groupby(key).tokens_per_s.median()
-    y = speed[b].groupby(key).tokens_per_s.median()
+    x = speed[a].groupby(BLOCK).tokens_per_s.median()
+    y = speed[b].groupby(BLOCK).tokens_per_s.median()
     both = x.index.intersection(y.index)
     return (x[both] / y[both]).to_numpy()
 
 
 def checked_blocks(speed: pd.DataFrame) -> pd.DataFrame:
     """Every arm's rows in the blocks that ran the recommended arm."""
-    key = ["config_hash", "round", "block"]
-    return speed.merge(speed[speed.arm == "recommended"][key].drop_duplicates(), on=key)
+    return speed.merge(speed[speed.arm == "recommended"][BLOCK].drop_duplicates(), on=BLOCK)
 
 
 def _distance(speed: pd.DataFrame, a: pd.Series, b: pd.Series) -> float:
     """Median number of runs between arm rows ``a`` and ``b`` in a block (1: back to back)."""
-    key = ["config_hash", "round", "block"]
-    pa, pb = speed[a].groupby(key).position.median(), speed[b].groupby(key).position.median()
+    pa, pb = speed[a].groupby(BLOCK).position.median(), speed[b].groupby(BLOCK).position.median()
     both = pa.index.intersection(pb.index)
     return float((pa[both] - pb[both]).abs().median()) if len(both) else float("nan")
 
@@ -79,11 +76,10 @@ def _comparisons(speed: pd.DataFrame, design: str, explo_best: BestFixed | None)
     """(name, rows a, rows b, baseline label, how the baseline was chosen) for one check design."""
     rec = speed.arm == "recommended"
     out = []
-    if design == "exploratory":
-        best = best_fixed(speed)
-        label = f"speculative {best.drafter} k={best.k}"
+    if design == "exploratory":  # explo_best was picked from these very blocks
+        label = f"speculative {explo_best.drafter} k={explo_best.k}"
         out.append(("recommended vs best fixed", rec, speed.config == label, label,
-                    f"after the runs: the best of {best.configs} fixed configurations in these blocks"))
+                    f"after the runs: the best of {explo_best.configs} fixed configurations in these blocks"))
     else:
         for (drafter, k), _ in speed[fixed_rows(speed)].groupby(["drafter", "k"]):
             label = f"speculative {drafter} k={k}"
@@ -144,7 +140,7 @@ def check(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
     for design, part in (("exploratory", explo), ("confirmatory", speed[~speed.config_hash.isin(explo.config_hash)])):
         if part.empty:
             continue
-        arms_per_block = float(part.groupby(["config_hash", "round", "block"]).size().median())
+        arms_per_block = float(part.groupby(BLOCK).size().median())
         for name, a, b, b_label, chosen in _comparisons(part, design, explo_best):
             # The best-fixed comparison also per kind: where the plan chose something else, and how that fared.
             kinds = ["all"] + (sorted(part.kind.unique()) if name == "recommended vs best fixed" else [])
