@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_table
-from analysis.inputs import AnalysisError, stage_paths
+from analysis.common import bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_table, with_defaults
+from analysis.inputs import AnalysisError, read_stage_files, stage_paths
 from pipeline.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
 from pipeline.parquet import read_meta
 
@@ -41,9 +41,20 @@ def latest_campaign(outputs_dir: str) -> str:
     return max(found)[1]
 
 
+def read_plans(outputs_dir: str, campaign: str) -> pd.DataFrame:
+    """Every plan job of the campaign, each row with its job's ``finished_at`` (provenance record)."""
+    files = read_stage_files(outputs_dir, campaign, "plan")
+    if not files:
+        return pd.DataFrame()
+    return with_defaults(pd.concat([f.data.assign(finished_at=str(f.meta.get("finished_at", ""))) for f in files],
+                                   ignore_index=True))
+
+
 def latest_plan(plan: pd.DataFrame) -> pd.DataFrame:
-    """Per pair, the rows of the most recent plan job (a campaign may hold several)."""
-    return plan[plan.config_hash == plan.groupby("pair").config_hash.transform("last")]
+    """Per pair, the rows of the plan job that finished last (a campaign may hold several): the plan
+    the speed stage's recommended arm runs (``pipeline.stages.speed.latest_plan``)."""
+    last = plan.sort_values("finished_at").groupby("pair").config_hash.transform("last")
+    return plan[plan.config_hash == last.reindex(plan.index)]
 
 
 def config_label(df: pd.DataFrame) -> pd.Series:
@@ -99,6 +110,8 @@ def _comparisons(speed: pd.DataFrame, design: str, explo_best: BestFixed | None)
 def _config_of(rows: pd.DataFrame) -> str:
     """What the compared arm ran: one configuration, or "per kind" (the plan's choice differs by kind)."""
     labels = sorted(set(rows.config))
+    if not labels:
+        return "none of the latest plan's"
     return labels[0].replace("recommended", "speculative", 1) if len(labels) == 1 else "per kind"
 
 
@@ -121,26 +134,45 @@ def _ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series, same_as: str | None
             "speedup_b": float(speed[b].ratio_to_adjacent_plain.median())}
 
 
-def check(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
+def other_plans(speed: pd.DataFrame, plan: pd.DataFrame | None) -> pd.Series:
+    """Recommended-arm rows that ran another configuration than ``plan`` (the latest plan) recommends for
+    their pair and kind: runs made under an earlier plan of the campaign. None: no row is flagged."""
+    flagged = pd.Series(False, index=speed.index)
+    if plan is None or plan.empty:
+        return flagged
+    chosen = {(r.pair, r.kind): (r.drafter, r.k_policy, int(r.k)) for r in plan[plan.recommended].itertuples()}
+    for i, r in speed[speed.arm == "recommended"].iterrows():
+        want = chosen.get((r.pair, r.kind)) or chosen.get((r.pair, "all"))
+        flagged[i] = want is not None and want != (r.drafter, r.k_policy, int(r.k))
+    return flagged
+
+
+def check(speed: pd.DataFrame, boot: dict, plan: pd.DataFrame | None = None) -> pd.DataFrame:
     """The three comparisons of the plan's check, as medians of within-block ratios, per check design.
 
     Only blocks that ran the recommended arm count, so every arm is pooled over the same prompts
     and rounds (other speed jobs of the campaign may cover other prompts, other arms). The
     *exploratory* check (``+sweep=check_plan``) picks the best fixed configuration after the runs
     from many arms; the *confirmatory* one (``+sweep=confirm_plan``) names it before the runs and
-    runs it next to the recommendation.
+    runs it next to the recommendation. With ``plan`` (the latest plan's rows), recommended runs of
+    another plan's choice are left out of the comparisons with the recommendation (counted in
+    ``other_plan_blocks``); the best fixed configuration and the policy's comparison keep every block.
     """
     speed = checked_blocks(speed)
     if speed.empty:
         return pd.DataFrame()
-    speed = speed.assign(config=config_label(speed))
+    speed = speed.assign(config=config_label(speed), other_plan=other_plans(speed, plan))
     explo = exploratory_blocks(speed)
     explo_best = best_fixed(explo)
     rows = []
     for design, part in (("exploratory", explo), ("confirmatory", speed[~speed.config_hash.isin(explo.config_hash)])):
         if part.empty:
             continue
-        arms_per_block = float(part.groupby(BLOCK).size().median())
+        stale = part[part.other_plan][BLOCK].drop_duplicates()
+        part = part[~part.other_plan]
+        # Block size where the latest plan's recommendation ran (an earlier check's blocks may differ).
+        current = part[part.arm == "recommended"][BLOCK].drop_duplicates()
+        arms_per_block = float((part.merge(current, on=BLOCK) if len(current) else part).groupby(BLOCK).size().median())
         for name, a, b, b_label, chosen in _comparisons(part, design, explo_best):
             # The best-fixed comparison also per kind: where the plan chose something else, and how that fared.
             kinds = ["all"] + (sorted(part.kind.unique()) if name == "recommended vs best fixed" else [])
@@ -151,14 +183,17 @@ def check(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
                              "baseline_chosen": chosen, "arms_per_block": arms_per_block,
                              **_ratios(part, a & sub, b & sub, b_label if name == "recommended vs best fixed" else None,
                                        boot),
+                             "other_plan_blocks": len(stale) if "recommended" in name else 0,
                              "goal": GOALS[name]})
                 rows[-1]["met"] = bool(rows[-1]["median_ratio"] >= GOALS[name])
     return pd.DataFrame(rows)
 
 
-def fixed_ranking(speed: pd.DataFrame) -> pd.DataFrame:
-    """Every arm's pooled median speed-up over adjacent plain runs, best first."""
-    s = speed[speed.arm != "plain"].assign(config=config_label(speed[speed.arm != "plain"]))
+def fixed_ranking(speed: pd.DataFrame, plan: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every arm's pooled median speed-up over adjacent plain runs, best first (the recommended arm's
+    runs of the latest plan only, with ``plan``)."""
+    s = speed[(speed.arm != "plain") & ~other_plans(speed, plan)]
+    s = s.assign(config=config_label(s))
     s.loc[s.arm == "recommended", "config"] = "recommended (per kind)"
     return (s.groupby("config").ratio_to_adjacent_plain.agg(["median", "count"]).reset_index()
             .rename(columns={"median": "speedup", "count": "runs"}).sort_values("speedup", ascending=False))
@@ -170,13 +205,18 @@ def show_plan(plan: pd.DataFrame, top: int) -> str:
         lines.append(f"pair {pair}: plan on prompts {p.prompt_ids.iloc[0]} "
                      f"({100 * p.level.iloc[0]:.0f}% intervals, bootstrap over prompts)")
         for kind, g in p.groupby("kind", sort=True):
-            g = g.sort_values("rank").head(top)
+            g = g.sort_values("rank")
+            g = g[(g["rank"] <= top) | g.recommended]  # the recommendation need not have the highest median
             for r in g.itertuples():
                 what = "plain (no speculation)" if r.drafter == "none" else \
                     f"{r.drafter} " + (f"k={r.k}" if r.k_policy == "fixed" else r.k_policy)
                 mark = "recommended" if r.recommended else f"#{r.rank}"
-                lines.append(f"  {kind:10s} {mark:11s} {what:22s} predicted {r.predicted:.2f} "
-                             f"[{r.predicted_lo:.2f}, {r.predicted_hi:.2f}]  (i.i.d. formula {r.predicted_iid:.2f})")
+                worst = getattr(r, "worst_ratio", float("nan"))
+                lines.append(f"  {kind:10s} {mark:11s} {what:24s} predicted {r.predicted:.2f} "
+                             f"[{r.predicted_lo:.2f}, {r.predicted_hi:.2f}]  (i.i.d. formula {r.predicted_iid:.2f}"
+                             + (f"; worst case {worst:.2f} of a prompt's best" if worst == worst else "") + ")")
+                if r.recommended and isinstance(getattr(r, "chosen_by", None), str) and r.chosen_by:
+                    lines.append(f"  {'':10s} {'':11s} chosen as {r.chosen_by}")
     return "\n".join(lines)
 
 
@@ -190,14 +230,14 @@ def main() -> None:
     boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
             "level": float(params["bootstrap"]["level"])}
     campaign = args.campaign or latest_campaign(params["outputs_dir"])
-    plan = read_stage(params["outputs_dir"], "plan", campaign)
+    plan = read_plans(params["outputs_dir"], campaign)
     if plan.empty:
         raise AnalysisError(f"campaign {campaign!r} holds no plan: run `python -m pipeline.run +sweep=plan "
                             f"campaign={campaign}`")
     plan = latest_plan(plan)
     speed = read_stage(params["outputs_dir"], "speed", campaign)
-    checked = check(speed, boot) if not speed.empty else pd.DataFrame()
-    ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed))) if not checked.empty else pd.DataFrame()
+    checked = check(speed, boot, plan) if not speed.empty else pd.DataFrame()
+    ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed)), plan) if not checked.empty else pd.DataFrame()
     print(f"campaign {campaign}")
     print(show_plan(plan, args.top))
     if not checked.empty:

@@ -278,13 +278,18 @@ def best_fixed_verdict(check: pd.DataFrame) -> list[str]:
     out = []
     for design, g in rows.groupby("check", sort=False):
         pooled = g[g.kind == "all"].iloc[0]
+        stale = int(pooled.get("other_plan_blocks", 0) or 0)
+        left_out = (f" ({stale} blocks that ran an earlier plan's choice are left out)" if stale else "")
+        if not pooled.blocks:
+            out.append(f"- **{design.capitalize()}**: no runs of the latest plan's recommendation{left_out}.")
+            continue
         tie = pooled.ratio_lo <= pooled.goal <= pooled.ratio_hi
         verdict = "a tie at this number of blocks" if tie else ("above" if pooled.median_ratio > pooled.goal else "below")
         diff = g[(g.kind != "all") & (g.config != g.baseline)]
         own = "; ".join(f"{r.kind} ran {r.config.replace('speculative ', '')}: {r.median_ratio:.3f} "
                         f"({r.ratio_lo:.3f}-{r.ratio_hi:.3f})" for r in diff.itertuples())
         out.append(f"- **{design.capitalize()}**: recommended vs {pooled.baseline.replace('speculative ', '')} "
-                   f"(chosen {pooled.baseline_chosen}), {int(pooled.blocks)} blocks, "
+                   f"(chosen {pooled.baseline_chosen}), {int(pooled.blocks)} blocks{left_out}, "
                    f"{pooled.runs_apart:.0f} run{'' if pooled.runs_apart == 1 else 's'} apart: "
                    f"median ratio {pooled.median_ratio:.3f} ({pooled.ratio_lo:.3f}-{pooled.ratio_hi:.3f}), {verdict}. "
                    + (f"Where the plan chose another configuration: {own}. " if own else
@@ -302,11 +307,13 @@ def planner_section(t: dict[str, pd.DataFrame]) -> list[str]:
     rec = plan[plan.recommended]
     s = ["## The planner's recommendation, checked\n",
          "`python -m pipeline.run +sweep=plan` ran the timing and acceptance stages on the calibration prompts "
-         "(every drafter at k = 1..8 and the cost-model policy) and predicted each configuration with the time "
+         "(every drafter at k = 1..8 and with the cost-model policy) and predicted each configuration with the time "
          "model; `python -m analysis.recommend` prints it. Recommended per kind (interval: bootstrap over the "
-         "sample prompts):\n",
-         markdown_table(rec[["pair", "kind", "drafter", "k_policy", "k", "prompts", "predicted", "predicted_lo",
-                             "predicted_hi", "predicted_iid"]]), ""]
+         "sample prompts; the robust configuration, best worst case over all sample prompts, unless a kind's "
+         "own best passes a sign test on that kind's prompts, `chosen_by`):\n",
+         markdown_table(rec[[c for c in ["pair", "kind", "drafter", "k_policy", "k", "prompts", "predicted",
+                                         "predicted_lo", "predicted_hi", "predicted_iid", "worst_ratio", "chosen_by"]
+                             if c in rec]]), ""]
     if not check.empty:
         s += ["The speed stage ran the recommendation as an arm in the same rotated blocks as plain. Two designs "
               "(`check`): the *exploratory* check (`+sweep=check_plan`) runs it beside every fixed configuration, "
@@ -314,8 +321,9 @@ def planner_section(t: dict[str, pd.DataFrame]) -> list[str]:
               "and picks the best fixed configuration after the runs (the winner of many noisy arms, so favoured, "
               "and `runs_apart` from the recommendation in a block of `arms_per_block` runs, with the machine's "
               "drift in between); the *confirmatory* check (`+sweep=confirm_plan`) names that configuration "
-              "before its runs and runs only plain, it and the recommendation, so the two are at most two runs "
-              "apart. Ratios are medians of within-block tokens/s ratios (95% bootstrap interval; `met` compares "
+              "before its runs and runs only plain, it, the recommendation and transformers' default, so the two "
+              "compared are at most three runs apart; recommended runs of an earlier plan's choice are left out "
+              "(`other_plan_blocks`). Ratios are medians of within-block tokens/s ratios (95% bootstrap interval; `met` compares "
               "the median with the goal, and where the interval straddles the goal the comparison is a tie at "
               "this number of blocks; `speedup_a`/`_b` are each arm's pooled median speed-up over its block's plain "
               "run, a second view that need not agree with the within-block ratio; `same_config_*`: the blocks of "

@@ -176,6 +176,22 @@ def exercise4(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def calibration_job(timing: pd.DataFrame, acc: pd.DataFrame, job: str | None, campaign: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The timing rows of the one plan job the model is calibrated on, and the acceptance rows without
+    the other plan jobs' (a campaign whose plan was remade holds the same calibration runs twice).
+    ``job``: that job's config hash (``params.yaml: time_model.calibration_job``), needed only when the
+    campaign holds several."""
+    jobs = sorted(set(timing.config_hash))
+    if job is None and len(jobs) > 1:
+        raise AnalysisError(f"campaign {campaign!r} holds timing results of {len(jobs)} jobs ({', '.join(jobs)}): "
+                            "name the calibration in params.yaml, time_model.calibration_job: <one of them>")
+    job = job or jobs[0]
+    if job not in jobs:
+        raise AnalysisError(f"time_model.calibration_job={job!r} is not a timing job of campaign {campaign!r}: "
+                            f"use one of {jobs}")
+    return timing[timing.config_hash == job], acc[~acc.config_hash.isin(set(jobs) - {job})]
+
+
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
@@ -187,6 +203,7 @@ def main() -> None:
         raise AnalysisError(f"needs timing, acceptance and speed results in campaign {campaign!r}: run "
                             f"`python -m pipeline.run +sweep=plan campaign={campaign}`, the held-out acceptance "
                             f"and `+sweep=check_plan` (README: Predicting the speed-up)")
+    timing, acc = calibration_job(timing, acc, params["time_model"].get("calibration_job"), campaign)
     calib = set(timing.prompt_id)
     acc_cal = acc[acc.prompt_id.isin(calib)]
     try:

@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.common import add_pair_arguments  # noqa: E402
 from pipeline.parquet import write_parquet  # noqa: E402
 from pipeline.prompts import encode, load_prompts  # noqa: E402
 from speclab.loop import plain_greedy, speculative_generate  # noqa: E402
@@ -46,10 +47,7 @@ def run_arm(arm: str, pair, ids: torch.Tensor, n_new: int, k: int) -> tuple[list
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--draft", default="int8")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="float32")
+    add_pair_arguments(ap)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)

@@ -98,6 +98,7 @@ class CostModelKConf:
     c_verify: Optional[float] = None
     estimator: str = "positions"
     probe_every: int = 8
+    condition_on: str = "match"  # none: one estimate; match: one per label the drafter gives (lookup: n-gram length)
 
 
 @dataclass
@@ -125,6 +126,7 @@ class KsStage(StageBase):
 class AcceptanceStage(KsStage):
     drafters: list[str] = field(default_factory=list)
     k_policies: list[str] = field(default_factory=list)
+    policy_drafters: list[str] = field(default_factory=list)  # drafters of the k_policies runs ([]: the job's)
 
 
 @dataclass
@@ -297,6 +299,7 @@ CHECKS: dict[str, Check] = {
     "k_policy.c_draft": _positive_or_null(),
     "k_policy.c_verify": _positive_or_null(),
     "k_policy.estimator": _one_of("iid", "positions"),
+    "k_policy.condition_on": _one_of("none", "match"),
     "stage.ks": _ints_at_least(1),
     "stage.batch_sizes": _ints_at_least(1, nonempty=True),
     "stage.acceptance_ks": _ints_at_least(1, nonempty=True),
@@ -307,6 +310,7 @@ CHECKS: dict[str, Check] = {
     "stage.rounds": _int_at_least(1),
     "stage.k_policies": _subset_of("cost_model", "heuristic"),
     "stage.drafters": _subset_of("model", "prompt_lookup", "hybrid"),
+    "stage.policy_drafters": _subset_of("model", "prompt_lookup", "hybrid"),
     "stage.drafter_ks": _ints_at_least(1),
     "stage.context_extra": _ints_at_least(0, nonempty=True),
     "stage.bootstrap": _int_at_least(100),

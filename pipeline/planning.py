@@ -37,6 +37,12 @@ def check_traceable(acc: pd.DataFrame) -> None:
 def traces(acc: pd.DataFrame) -> list[tuple[tuple, Trace, pd.DataFrame]]:
     """One Trace per run (prompt, drafter, policy, k), in iteration order, with its rows."""
     check_traceable(acc)
+    if "config_hash" in acc:
+        jobs = acc.groupby(RUN_KEYS).config_hash.nunique()
+        if (jobs > 1).any():  # their iterations would interleave into one impossible run
+            key = jobs[jobs > 1].index[0]
+            raise ValueError(f"acceptance rows of {int(jobs.max())} jobs describe one run {dict(zip(RUN_KEYS, key))}: "
+                             "pass the rows of one job per run")
     out = []
     for key, g in acc.sort_values("iteration").groupby(RUN_KEYS, sort=True):
         drafter = key[2]
@@ -106,10 +112,37 @@ def bootstrap_median(values: np.ndarray, samples: int, level: float, seed: int =
 PLAIN = {"drafter": "none", "k_policy": "none", "k": 0}  # no speculation: the baseline itself
 
 
+def worst_ratios(pred: pd.DataFrame) -> pd.Series:
+    """Per configuration: its worst predicted speed-up, over every sample prompt, as a share of that
+    prompt's best configuration (plain included at 1). 1 means best on every prompt."""
+    per_prompt = pred.pivot_table(index="prompt_id", columns=CONFIG_KEYS, values="predicted")
+    per_prompt[tuple(PLAIN[c] for c in CONFIG_KEYS)] = 1.0
+    return per_prompt.div(per_prompt.max(axis=1), axis=0).min(axis=0).rename("worst_ratio")
+
+
+def sign_test(pred: pd.DataFrame, a: tuple, b: tuple) -> tuple[int, int, float]:
+    """(wins, prompts, one-sided sign-test p) of configuration ``a`` over ``b`` on the prompts of ``pred``."""
+    from scipy.stats import binomtest
+
+    s = pred.assign(cfg=list(zip(*(pred[c] for c in CONFIG_KEYS)))).pivot_table(
+        index="prompt_id", columns="cfg", values="predicted")
+    s[tuple(PLAIN[c] for c in CONFIG_KEYS)] = 1.0
+    both = s[[a, b]].dropna()
+    wins, n = int((both[a] > both[b]).sum()), len(both)
+    return wins, n, float(binomtest(wins, n, 0.5, alternative="greater").pvalue) if n else 1.0
+
+
 def recommend(pred: pd.DataFrame, samples: int = 1000, level: float = 0.9) -> pd.DataFrame:
     """Per kind (and 'all'), every configuration's median predicted speed-up over the sample prompts,
-    its interval, and the recommended one (the highest median). Plain decoding is a candidate at
-    exactly 1: where no configuration is predicted to beat it, the advice is not to speculate."""
+    its interval, and the recommended one. Plain decoding is a candidate at exactly 1: where no
+    configuration is predicted to beat it, the advice is not to speculate.
+
+    The recommendation is the *robust* configuration (the best worst case over every sample prompt,
+    ``worst_ratio``) unless a kind's best (highest median) beats it on that kind's prompts by a
+    one-sided sign test at ``1 - level``. A kind's few sample prompts need not represent the kind
+    (two prompts of structured text can both favour long k where others of the kind do not), and a
+    sign test says so: with fewer than four prompts of a kind it never overrides (``chosen_by``).
+    """
     pooled = pd.concat([pred, pred.assign(kind="all")], ignore_index=True) if pred.kind.nunique() > 1 else pred
     rows = [{"kind": kind, **PLAIN, "prompts": g.prompt_id.nunique(), "predicted": 1.0, "predicted_lo": 1.0,
              "predicted_hi": 1.0, "predicted_iid": 1.0, "alpha": float("nan")}
@@ -120,7 +153,24 @@ def recommend(pred: pd.DataFrame, samples: int = 1000, level: float = 0.9) -> pd
                      "predicted": med, "predicted_lo": lo, "predicted_hi": hi,
                      "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean())})
     out = pd.DataFrame(rows)
-    best = out.groupby("kind").predicted.transform("max")
-    out["recommended"] = out.predicted.eq(best) & ~out.duplicated(["kind", "predicted"])
     out["rank"] = out.groupby("kind").predicted.rank(ascending=False, method="first").astype(int)
+    worst = worst_ratios(pred)
+    out["worst_ratio"] = [float(worst.get(key, np.nan)) for key in zip(*(out[c] for c in CONFIG_KEYS))]
+    # The robust choice: best worst case, then the higher pooled median.
+    everywhere = out[out.kind == ("all" if "all" in set(out.kind) else out.kind.iloc[0])]
+    robust_row = everywhere.sort_values(["worst_ratio", "predicted"], ascending=False).iloc[0]
+    robust = tuple(robust_row[c] for c in CONFIG_KEYS)
+    out["recommended"], out["chosen_by"] = False, ""
+    for kind, g in out.groupby("kind", sort=False):
+        top = g.loc[g["rank"].idxmin()]
+        best = tuple(top[c] for c in CONFIG_KEYS)
+        why, pick = f"robust: best worst case over all sample prompts ({robust_row.worst_ratio:.3f} of each one's best)", robust
+        if best != robust and kind != "all":
+            wins, n, p = sign_test(pred[pred.kind == kind], best, robust)
+            if p <= 1 - level:
+                why, pick = f"kind's best: beats the robust choice on {wins} of {n} prompts (sign test p={p:.3f})", best
+            else:
+                why += f"; the kind's best beats it on {wins} of {n} prompts (sign test p={p:.3f} > {1 - level:.2f})"
+        chosen = g.index[[tuple(r[c] for c in CONFIG_KEYS) == pick for _, r in g.iterrows()]]
+        out.loc[chosen[0], ["recommended", "chosen_by"]] = [True, why]
     return out.sort_values(["kind", "rank"]).reset_index(drop=True)

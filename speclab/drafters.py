@@ -10,6 +10,9 @@ from speclab.sampling import SamplingConfig, logits_to_probs
 
 
 class Drafter(Protocol):
+    """Optionally also ``label(ids, length)``: what the next proposal will rest on, before it is made
+    (``PromptLookupDrafter``: the matched n-gram's length); a policy with ``condition`` then gets it."""
+
     def start(self, ids: torch.Tensor, n_ctx: int) -> None:
         """Begin a sequence; ``ids[0, :n_ctx]`` may be pre-processed (prefill)."""
 
@@ -78,6 +81,10 @@ class PromptLookupDrafter:
     The n-gram is the last n tokens of the text so far (prompt and generated), longest n first
     (``max_ngram`` down to ``min_ngram``). No match: no proposal, and the iteration is a plain step.
     No model and no cache: proposals are deterministic (their distribution is a point mass).
+
+    ``label`` names the evidence behind the next proposal before it is made: the length n of the
+    matched n-gram (0: no match). A longer match is much likelier to be continued (a copied span,
+    not a common token), so a k policy can price each n on its own (``speclab.k_policy.ConditionedK``).
     """
 
     last_fed = last_calls = 0  # no model runs
@@ -86,20 +93,35 @@ class PromptLookupDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"n-gram sizes min={min_ngram}, max={max_ngram} are not allowed: need 1 <= min <= max")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._match: tuple[int, int, int] | None = None  # (length, n, start) found by label(), for propose()
+
+    def match(self, ids: torch.Tensor, length: int, keep: bool = False) -> tuple[int, int]:
+        """(n, start) of the match for ``ids[0, :length]``. ``keep``: remember it for the next call
+        at this length (label() then propose() in one iteration search once); any other call uses it up."""
+        found = self._match[1:] if self._match is not None and self._match[0] == length else None
+        if found is None:
+            found = lookup_match(ids[0, :length], self.max_ngram, self.min_ngram)
+        self._match = (length, *found) if keep else None
+        return found
+
+    def label(self, ids: torch.Tensor, length: int) -> int:
+        return self.match(ids, length, keep=True)[0]
 
     def start(self, ids: torch.Tensor, n_ctx: int) -> None:
-        pass
+        self._match = None
 
     def propose(self, ids: torch.Tensor, length: int, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return lookup_continuation(ids[0, :length], k, self.max_ngram, self.min_ngram), None
+        n, start = self.match(ids, length)
+        return (ids[0, start: min(start + k, length)] if n else ids.new_empty(0)), None
 
     def rollback(self, valid_length: int) -> None:
-        pass
+        self._match = None  # the text changed: the next iteration looks again
 
 
-def lookup_continuation(seq: torch.Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1) -> torch.Tensor:
-    """Up to k tokens that followed the latest earlier match of seq's final n-gram (empty when none)."""
+def lookup_match(seq: torch.Tensor, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, int]:
+    """(n, start): the longest final n-gram of seq (max_ngram down to min_ngram) with an earlier
+    occurrence, and where the tokens after its latest occurrence begin; (0, -1) when none has one."""
     length = seq.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         pattern = seq[length - n:]
@@ -107,9 +129,14 @@ def lookup_continuation(seq: torch.Tensor, k: int, max_ngram: int = 3, min_ngram
         windows = seq[: length - 1].unfold(0, n, 1)
         hits = torch.nonzero((windows == pattern).all(dim=1)).flatten()
         if hits.numel():
-            start = int(hits[-1]) + n  # the most recent occurrence
-            return seq[start: min(start + k, length)]
-    return seq.new_empty(0)
+            return n, int(hits[-1]) + n  # the most recent occurrence
+    return 0, -1
+
+
+def lookup_continuation(seq: torch.Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1) -> torch.Tensor:
+    """Up to k tokens that followed the latest earlier match of seq's final n-gram (empty when none)."""
+    n, start = lookup_match(seq, max_ngram, min_ngram)
+    return seq[start: min(start + k, seq.shape[0])] if n else seq.new_empty(0)
 
 
 class HybridDrafter:
@@ -120,7 +147,13 @@ class HybridDrafter:
     ``ids[seen:length]``), so no model step is spent on text that lookup already covered. Exactness
     needs nothing special: lookup proposals are point masses (the loop builds q for them), and the
     target's check and rollback are the same whichever drafter proposed.
+
+    ``label``: the matched n-gram's length when lookup will propose, ``"model"`` when the draft model
+    will (with ``min_match`` > 1 and k < min_match a short match can still be used: the label then
+    says "model" for an iteration lookup proposes).
     """
+
+    MODEL = "model"
 
     def __init__(self, model: torch.nn.Module, max_ngram: int = 3, min_ngram: int = 1, min_match: int = 1) -> None:
         if min_match < 1:
@@ -133,11 +166,16 @@ class HybridDrafter:
 
     def start(self, ids: torch.Tensor, n_ctx: int) -> None:
         self.model.start(ids, n_ctx)
+        self.lookup.start(ids, n_ctx)
         self.lookup_iterations = self.model_iterations = 0
+
+    def label(self, ids: torch.Tensor, length: int) -> int | str:
+        n, start = self.lookup.match(ids, length, keep=True)
+        return n if n and length - start >= self.min_match else self.MODEL
 
     def propose(self, ids: torch.Tensor, length: int, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        found = lookup_continuation(ids[0, :length], k, self.lookup.max_ngram, self.lookup.min_ngram)
+        found, _ = self.lookup.propose(ids, length, k, sampling, generator)
         if found.numel() >= min(self.min_match, k):
             self.lookup_iterations += 1
             self.last_fed = self.last_calls = 0
@@ -149,3 +187,4 @@ class HybridDrafter:
 
     def rollback(self, valid_length: int) -> None:
         self.model.rollback(valid_length)
+        self.lookup.rollback(valid_length)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Protocol
+from typing import Callable, Hashable, Protocol
 
 from speclab.acceptance import checked_proposals
 import numpy as np
@@ -12,6 +12,9 @@ from speclab.time_model import CostTable
 
 
 class KPolicy(Protocol):
+    """Optionally also ``condition(label)``: called before ``k`` is read, with the drafter's label for
+    the coming proposal when the drafter has one (``ConditionedK``)."""
+
     def start(self) -> None:
         """A new generation begins."""
 
@@ -180,3 +183,36 @@ class CostModelK:
         self.pos_acc[:min(accepted, self.k_max)] += 1
         self.pos_chk[:reached] += 1
         self._choose()
+
+
+class ConditionedK:
+    """One policy per kind of evidence the drafter shows before it proposes (its ``label``).
+
+    Prompt lookup knows, before proposing, how long an n-gram it matched; the first proposal after a
+    3-token match is accepted far more often than after a 1-token one (a copied span against a common
+    token), so one acceptance estimate for both prices long k wrongly for each. Here every label gets
+    its own policy, made by ``make(label)`` when the label first appears in a generation (a hybrid's
+    lookup and model iterations also differ in price). The loop calls ``condition(label)`` before it
+    reads ``k``; ``update`` goes to the policy that chose that k.
+    """
+
+    def __init__(self, make: Callable[[Hashable], KPolicy]) -> None:
+        self.make = make
+        self.start()
+
+    def start(self) -> None:
+        self.policies: dict[Hashable, KPolicy] = {}
+        self.condition(None)
+
+    def condition(self, label: Hashable) -> None:
+        if label not in self.policies:
+            self.policies[label] = policy = self.make(label)
+            policy.start()
+        self.active = self.policies[label]
+
+    @property
+    def k(self) -> int:
+        return self.active.k
+
+    def update(self, proposed: int, accepted: int) -> None:
+        self.active.update(proposed, accepted)

@@ -162,6 +162,7 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Mo
         raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
     if isinstance(drafter, torch.nn.Module):
         drafter = ModelDrafter(drafter)
+    conditioned = hasattr(policy, "condition") and hasattr(drafter, "label")
     device = input_ids.device
     eos = _eos_set(eos_token_id)
     n_prompt = input_ids.shape[1]
@@ -181,10 +182,12 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Mo
     iterations: list[IterationStats] = []
     while length - n_prompt < max_new_tokens:
         t_iter = time.perf_counter()
-        # Never propose past the token budget: the target's own token is always one more.
-        k_eff = min(policy.k, max_new_tokens - (length - n_prompt) - 1)
         d_sw, v_sw, r_sw = Stopwatch(device), Stopwatch(device), Stopwatch(device)
         with d_sw:
+            if conditioned:  # the policy sees what the drafter has to go on (e.g. the matched n-gram) first
+                policy.condition(drafter.label(ids, length))
+            # Never propose past the token budget: the target's own token is always one more.
+            k_eff = min(policy.k, max_new_tokens - (length - n_prompt) - 1)
             proposals, q = drafter.propose(ids, length, k_eff, sampling, generator) if k_eff else (ids.new_empty(0), None)
         k_used = proposals.shape[0]
         with v_sw:

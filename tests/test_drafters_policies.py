@@ -201,3 +201,102 @@ def test_hybrid_drafter_keeps_the_sampling_distribution():
         sources += (d.lookup_iterations, d.model_iterations)
     assert sources.min() > 0  # both sources proposed
     assert chi_square(counts, joint.flatten().numpy()).pvalue > 0.001
+
+
+def test_lookup_label_is_the_matched_ngram_length_and_propose_reuses_the_match(tiny_pair):
+    from speclab.drafters import HybridDrafter, lookup_match
+
+    seq = torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3])
+    assert lookup_match(seq) == (3, 10)  # [1, 2, 3] last occurred at 7..9, followed from index 10
+    assert lookup_match(seq, max_ngram=1) == (1, 10)  # the latest earlier 3 is at 9
+    assert lookup_match(torch.arange(9)) == (0, -1)
+    ids = seq.view(1, -1)
+    d = PromptLookupDrafter()
+    assert d.label(ids, 15) == 3 and d.label(ids, 7) == 0  # a different length is looked up again
+    d.label(ids, 15)
+    assert d.propose(ids, 15, 2, GREEDY, None)[0].tolist() == [8, 6]
+    # Only label() keeps a match for propose(); after a rollback, or without a label, it is looked up afresh.
+    d.label(ids, 15)
+    d.rollback(14)
+    ids2 = ids.clone()
+    ids2[0, 10] = 42
+    assert d.propose(ids2, 15, 2, GREEDY, None)[0].tolist() == [42, 6]
+    h = HybridDrafter(tiny_pair[1])
+    assert h.label(ids, 15) == 3 and h.label(torch.arange(9).view(1, -1), 9) == "model"
+
+
+def test_conditioned_policy_keeps_one_estimate_per_label():
+    from speclab.k_policy import ConditionedK
+
+    made = []
+
+    def make(label):
+        made.append(label)
+        return CostModelK(0.0, {k: 1.0 + 0.05 * k for k in range(1, 11)}, k_min=1, k_max=10)
+
+    p = ConditionedK(make)
+    for _ in range(6):  # label 3: every proposal accepted; label 1: none
+        p.condition(3)
+        p.update(p.k, p.k)
+        p.condition(1)
+        p.update(p.k, 0)
+    p.condition(3)
+    long_k = p.k
+    p.condition(1)
+    assert long_k == 10 and p.k == 1
+    assert made == [None, 3, 1]
+    p.start()  # a new generation forgets every label's evidence
+    p.condition(3)
+    assert p.k < long_k and made[-2:] == [None, 3]
+
+
+def test_conditioned_cost_model_is_exact_and_prices_labels_apart(tiny_pair):
+    """Greedy output equals plain with lookup and the hybrid under the label-conditioned policy, and
+    the policy saw the matched n-gram lengths (and the hybrid's model iterations) as separate labels."""
+    from speclab.drafters import HybridDrafter
+    from speclab.k_policy import ConditionedK
+    from speclab.time_model import CostTable
+
+    target, draft = tiny_pair
+    free = CostTable({1: 0.0, 2: 0.0}, {k: 1.0 + 0.1 * k for k in range(1, 9)})
+    for drafter in (PromptLookupDrafter(), HybridDrafter(draft)):
+        labels = set()
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            pol = ConditionedK(lambda label: CostModelK(0.0, free.verify, k_min=0, k_max=8, table=free,
+                                                        estimator="positions"))
+            res = speculative_generate(target, drafter, ids, 40, k=pol)
+            assert res.tokens == plain_greedy(target, ids, 40).tokens
+            labels |= set(pol.policies) - {None}
+        assert labels & {1, 2, 3}
+        assert ("model" in labels) == isinstance(drafter, HybridDrafter)
+
+
+def test_conditioned_policy_keeps_the_sampling_distribution():
+    """The label-conditioned cost model with the hybrid: the loop's first-two-token joint equals the
+    target's exact joint (chi-square), so choosing k from the matched n-gram does not bias sampling."""
+    import numpy as np
+
+    from speclab.cache import forward_logits, new_cache
+    from speclab.drafters import HybridDrafter
+    from speclab.k_policy import ConditionedK
+    from speclab.models import tiny_random_model
+    from speclab.sampling import SamplingConfig, logits_to_probs
+    from speclab.stats import chi_square
+    from speclab.time_model import CostTable
+
+    V, prompt, cfg = 8, torch.tensor([[3, 1, 3]]), SamplingConfig(do_sample=True)
+    target, draft = tiny_random_model(V, seed=10, logit_scale=4.0), tiny_random_model(V, seed=11, logit_scale=4.0)
+    p1 = logits_to_probs(forward_logits(target, prompt, new_cache(target), 1)[-1], cfg)
+    joint = torch.stack([p1[t] * logits_to_probs(forward_logits(target, torch.cat([prompt, torch.tensor([[t]])], 1),
+                                                                 new_cache(target), 1)[-1], cfg) for t in range(V)])
+    table = CostTable({1: 0.1, 2: 0.12}, {k: 1.0 for k in range(1, 5)})
+    g, counts, ks = torch.Generator().manual_seed(7), np.zeros(V * V), set()
+    for _ in range(1500):
+        pol = ConditionedK(lambda label: CostModelK(0.1, table.verify, k_min=1, k_max=4, table=table,
+                                                    estimator="positions"))
+        res = speculative_generate(target, HybridDrafter(draft), prompt, 3, k=pol, sampling=cfg, generator=g)
+        counts[res.tokens[0] * V + res.tokens[1]] += 1
+        ks.update(it.k for it in res.iterations)
+    assert len(ks) > 1  # k moved with the labels
+    assert chi_square(counts, joint.flatten().numpy()).pvalue > 0.001

@@ -62,3 +62,87 @@ def test_check_reports_the_confirmatory_design_beside_the_exploratory_one():
     # The exploratory check's recommended arm ran the best fixed configuration: its noise floor.
     assert ex.same_config_blocks == 6 and abs(ex.same_config_median - 1.0) < 1e-12
     assert co.same_config_blocks == 0
+
+
+def test_check_leaves_out_recommended_runs_of_an_earlier_plan():
+    """A campaign whose plan was remade: recommended runs of the earlier plan's choice are left out of
+    the comparisons with the recommendation (and counted), while the best fixed configuration and the
+    other arms keep every block; the latest plan is the one that finished last, whatever its hash."""
+    from analysis.recommend import latest_plan
+
+    old = EXPLORATORY[:-1] + [("recommended", "prompt_lookup", 2, 1.30)]
+    explo = _job("explo", old, 6, noise=0.01)
+    confirm = _job("confirm", [("speculative", "prompt_lookup", 2, 1.30), ("recommended", "prompt_lookup", 0, 1.39)],
+                   8, noise=0.01, seed=1)
+    confirm.loc[confirm.arm == "recommended", "k_policy"] = "cost_model"
+    speed = pd.concat([explo, confirm], ignore_index=True).assign(pair="p")
+    plans = pd.DataFrame([
+        {"pair": "p", "config_hash": "zz-old", "finished_at": "2026-01-01", "kind": "code", "drafter": "prompt_lookup",
+         "k_policy": "fixed", "k": 2, "recommended": True},
+        {"pair": "p", "config_hash": "aa-new", "finished_at": "2026-02-01", "kind": "code", "drafter": "prompt_lookup",
+         "k_policy": "cost_model", "k": 0, "recommended": True}])
+    plan = latest_plan(plans)
+    assert list(plan.config_hash) == ["aa-new"]  # the last to finish, not the last by name
+    out = check(speed, BOOT, plan)
+    rec = out[(out.comparison == "recommended vs best fixed") & (out.kind == "all")].set_index("check")
+    assert rec.loc["exploratory", "blocks"] == 0 and rec.loc["exploratory", "other_plan_blocks"] == 6
+    assert rec.loc["confirmatory", "blocks"] == 8 and rec.loc["confirmatory", "other_plan_blocks"] == 0
+    assert abs(rec.loc["confirmatory", "median_ratio"] - 1.39 / 1.30) < 0.03
+    assert rec.loc["confirmatory", "config"] == "speculative prompt_lookup cost_model"
+    # Without the plan every recommended run counts, the earlier plan's too.
+    everything = check(speed, BOOT)
+    assert everything[(everything.comparison == "recommended vs best fixed") & (everything.kind == "all")
+                      & (everything.check == "exploratory")].blocks.iloc[0] == 6
+
+
+def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_free(tmp_path):
+    from pipeline.stages.acceptance import configurations
+    from pipeline.strategies import for_drafter
+    from speclab.time_model import CostTable
+    from tests.pipeline_helpers import make_cfg
+
+    cfg = make_cfg(tmp_path, "stage=plan", "stage.acceptance_ks=[1,2]", "k=3")
+    runs = configurations(cfg)
+    assert [r for r in runs if r[1] == "cost_model"] == [(d, "cost_model", 3) for d in ("model", "prompt_lookup", "hybrid")]
+    default = configurations(make_cfg(tmp_path, "stage=acceptance", "stage.ks=[2]", "stage.k_policies=[cost_model]"))
+    assert default[-1] == ("model", "cost_model", 4)  # no policy_drafters: the job's own drafter
+    table = CostTable({1: 0.7, 2: 0.8}, {1: 1.1, 2: 1.2})
+    assert for_drafter(table, "prompt_lookup").draft == {1: 0.0, 2: 0.0}
+    assert for_drafter(table, "hybrid", 3).draft == {1: 0.0, 2: 0.0}  # a lookup iteration of the hybrid
+    assert for_drafter(table, "hybrid", "model") == table == for_drafter(table, "model")
+    assert for_drafter(table, "prompt_lookup").verify == table.verify
+
+
+def _predictions(per_kind: int) -> pd.DataFrame:
+    """Predicted speed-ups per prompt: lookup k=6 is best on every structured prompt and poor elsewhere,
+    lookup k=2 is near the best everywhere."""
+    rows = []
+    for kind, k6, k2 in (("structured", 2.0, 1.8), ("code", 0.8, 1.05)):
+        for i in range(per_kind):
+            for k, v in ((6, k6), (2, k2)):
+                rows.append({"prompt_id": f"{kind}-{i}", "kind": kind, "drafter": "prompt_lookup", "k_policy": "fixed",
+                             "k": k, "predicted": v + 0.01 * i, "predicted_iid": v, "alpha": 0.5})
+    return pd.DataFrame(rows)
+
+
+def test_plan_recommends_the_robust_configuration_unless_a_kind_passes_the_sign_test():
+    from pipeline.planning import recommend
+
+    few = recommend(_predictions(2), samples=200, level=0.9)
+    rec = few[few.recommended].set_index("kind")
+    assert (rec.k == 2).all()  # two structured prompts cannot override: sign test p = 0.25
+    assert "beats it on 2 of 2 prompts (sign test p=0.250 > 0.10)" in rec.chosen_by["structured"]
+    top = few[(few.kind == "structured") & (few["rank"] == 1)].iloc[0]
+    assert top.k == 6 and not top.recommended  # the highest median is still shown, ranked first
+    from analysis.recommend import show_plan
+
+    printed = show_plan(few.assign(pair="p", level=0.9, prompt_ids="x"), top=1).splitlines()
+    assert any(line.split()[:4] == ["structured", "recommended", "prompt_lookup", "k=2"] for line in printed)
+    assert any(line.split()[:4] == ["structured", "#1", "prompt_lookup", "k=6"] for line in printed)
+    assert abs(rec.worst_ratio["all"] - 1.8 / 2.0) < 0.01  # k=2's worst case: 0.9 of structured's best
+    many = recommend(_predictions(4), samples=200, level=0.9)
+    rec = many[many.recommended].set_index("kind")
+    assert rec.k.to_dict() == {"all": 2, "code": 2, "structured": 6}  # four of four: p = 0.0625 <= 0.1
+    assert rec.chosen_by["structured"].startswith("kind's best: beats the robust choice on 4 of 4 prompts")
+    strict = recommend(_predictions(4), samples=200, level=0.95)
+    assert (strict[strict.recommended].k == 2).all()  # at level 0.95, four prompts are not enough

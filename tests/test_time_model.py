@@ -138,3 +138,40 @@ def test_positional_estimator_prices_bursts_that_one_alpha_averages_away():
 def test_estimator_choice_is_checked():
     with pytest.raises(ValueError, match="estimator='bayes' is not allowed"):
         CostModelK(0.3, 1.0, estimator="bayes")
+
+
+def _acc_rows(job: str, prompt: str = "p0") -> "pd.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame([{"config_hash": job, "prompt_id": prompt, "kind": "code", "drafter": "model", "k_policy": "fixed",
+                          "k": 2, "iteration": i, "proposed": 2, "accepted": 1, "new_tokens": 2, "prompt_len": 5,
+                          "length": 5 + 2 * i, "draft_fed": 1, "draft_calls": 2, "draft_s": 0.01, "verify_s": 0.02,
+                          "rollback_s": 0.0, "total_s": 0.03} for i in range(3)])
+
+
+def test_runs_of_two_jobs_never_merge_into_one_trace():
+    import pandas as pd
+
+    from pipeline.planning import traces
+
+    assert len(traces(pd.concat([_acc_rows("a"), _acc_rows("b", "p1")]))) == 2
+    with pytest.raises(ValueError, match="acceptance rows of 2 jobs describe one run"):
+        traces(pd.concat([_acc_rows("a"), _acc_rows("b")]))  # a plan remade in the same campaign
+
+
+def test_time_model_analysis_calibrates_on_one_named_plan_job():
+    import pandas as pd
+
+    from analysis.inputs import AnalysisError
+    from analysis.time_model import calibration_job
+
+    timing = pd.DataFrame({"config_hash": ["a", "a", "b"], "prompt_id": ["p0", "p1", "p0"]})
+    acc = pd.concat([_acc_rows("a"), _acc_rows("b"), _acc_rows("held", "p9")])
+    with pytest.raises(AnalysisError, match=r"holds timing results of 2 jobs \(a, b\).*time_model.calibration_job"):
+        calibration_job(timing, acc, None, "c")
+    with pytest.raises(AnalysisError, match="time_model.calibration_job='z' is not a timing job of campaign 'c'"):
+        calibration_job(timing, acc, "z", "c")
+    t, a = calibration_job(timing, acc, "b", "c")
+    assert set(t.config_hash) == {"b"} and set(a.config_hash) == {"b", "held"}  # the other plan's runs left out
+    t, a = calibration_job(timing[timing.config_hash == "a"], acc, None, "c")
+    assert set(t.config_hash) == {"a"}

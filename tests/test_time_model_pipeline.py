@@ -74,7 +74,11 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
     assert plan.groupby("kind").recommended.sum().eq(1).all()
     assert ((plan.drafter == "none") & (plan.predicted == 1.0)).groupby(plan.kind).sum().eq(1).all()  # plain
     best = plan[plan.recommended].set_index("kind")
-    assert (best.predicted == plan.groupby("kind").predicted.max()).all()
+    # One sample prompt per kind: no kind's own best can pass the sign test, so every kind gets the
+    # robust configuration (the best worst case over the sample prompts).
+    robust = plan[plan.kind == "all"].sort_values(["worst_ratio", "predicted"], ascending=False).iloc[0]
+    assert (best[["drafter", "k_policy", "k"]] == robust[["drafter", "k_policy", "k"]]).all().all()
+    assert best.chosen_by.str.startswith("robust").all()
     assert ((plan.predicted_lo <= plan.predicted) & (plan.predicted <= plan.predicted_hi)).all()
 
     held = make_cfg(tmp_path, "stage=acceptance", "stage.ks=[1,2]", "prompts.per_kind=1", "prompts.skip_per_kind=1",

@@ -53,11 +53,13 @@ def proposal_efficiency(df: pd.DataFrame) -> float:
 
 def configurations(cfg: DictConfig) -> list[tuple[str, str, int]]:
     """(drafter, k policy, k) of every loop this job runs: each drafter at each k, then the extra
-    adaptive policies (``stage.k_policies``, with the job's own drafter, starting at the top-level k)."""
+    adaptive policies (``stage.k_policies``, starting at the top-level k) with each of
+    ``stage.policy_drafters`` (by default the job's own drafter)."""
     ks, policy = stage_ks(cfg, "acceptance_ks"), str(cfg.k_policy.name)
     drafters = [str(d) for d in cfg.stage.get("drafters") or [cfg.drafter.name]]
     extra = [str(p) for p in cfg.stage.get("k_policies") or [] if p != policy]
-    return [(d, policy, k) for d in drafters for k in ks] + [(str(cfg.drafter.name), p, int(cfg.k)) for p in extra]
+    with_policies = [str(d) for d in cfg.stage.get("policy_drafters") or [cfg.drafter.name]]
+    return [(d, policy, k) for d in drafters for k in ks] + [(d, p, int(cfg.k)) for d in with_policies for p in extra]
 
 
 def run(ctx: StageContext) -> StageOutput:
@@ -70,7 +72,7 @@ def run(ctx: StageContext) -> StageOutput:
         for prompt in tqdm(ctx.prompts, desc=f"acceptance {drafter_name} {policy_name} k={k}", leave=False):
             ids = ctx.inputs[prompt.id]
             res = speculative_generate(pair.target, drafter, ids, int(cfg.max_new_tokens),
-                                       k=make_policy(ctx, policy_name, k, ctx.costs()), sampling=sampling,
+                                       k=make_policy(ctx, policy_name, k, ctx.costs(), drafter_name), sampling=sampling,
                                        eos_token_id=pair.eos_token_id, generator=gen)
             for i, it in enumerate(res.iterations):
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,

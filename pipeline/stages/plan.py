@@ -20,7 +20,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("kind", "string"), ("drafter", "string"), ("k_policy", "string"), ("k", "int32"), ("prompts", "int32"),
     ("predicted", "float64"), ("predicted_lo", "float64"), ("predicted_hi", "float64"),
     ("predicted_iid", "float64"), ("alpha", "float64"), ("rank", "int32"), ("recommended", "bool"),
-    ("level", "float64"), ("prompt_ids", "string"),
+    ("level", "float64"), ("prompt_ids", "string"), ("worst_ratio", "float64"), ("chosen_by", "string"),
 ])
 NEEDS = ("timing", "acceptance")
 
@@ -60,12 +60,13 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
         arms.append(ArmResult(f"recommended {kind}", {"kind": kind, "drafter": best.drafter,
                                                       "k_policy": best.k_policy, "k": int(best.k)},
                               {"predicted_speedup": best.predicted, "predicted_lo": best.predicted_lo,
-                               "predicted_hi": best.predicted_hi, "prompts": int(best.prompts)}))
+                               "predicted_hi": best.predicted_hi, "prompts": int(best.prompts),
+                               "worst_ratio": best.worst_ratio}))
         metrics[f"predicted_speedup_{kind}"] = float(best.predicted)
         summary.append(f"{kind}: recommended {describe(best)}: predicted speed-up {best.predicted:.2f} "
                        f"({100 * best.level:.0f}% interval {best.predicted_lo:.2f}-{best.predicted_hi:.2f}, "
-                       f"{best.prompts} prompts)"
-                       + (f"; next {describe(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
+                       f"{best.prompts} prompts; {best.chosen_by})"
+                       + (f"; highest other median {describe(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
                        + (f"; best draft-model fixed k={int(fixed.loc[fixed.predicted.idxmax()].k)} "
                           f"{fixed.predicted.max():.2f}" if len(fixed) else ""))
     summary.append("print it any time with: python -m analysis.recommend")

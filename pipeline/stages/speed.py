@@ -120,7 +120,7 @@ def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, fl
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
     if method in ("speculative", "recommended"):
         r = speculative_generate(pair.target, make_drafter(ctx, drafter), ids, n_new,
-                                 k=make_policy(ctx, policy, k, ctx.costs()),
+                                 k=make_policy(ctx, policy, k, ctx.costs(), drafter),
                                  sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
     mode = PEER_MODES_BY_ARM[method]
