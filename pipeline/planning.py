@@ -112,22 +112,27 @@ def bootstrap_median(values: np.ndarray, samples: int, level: float, seed: int =
 PLAIN = {"drafter": "none", "k_policy": "none", "k": 0}  # no speculation: the baseline itself
 
 
+def per_prompt(pred: pd.DataFrame) -> pd.DataFrame:
+    """Predicted speed-ups, one row per prompt and one column per configuration (a (drafter, k_policy, k)
+    tuple), plain decoding included at exactly 1."""
+    table = pred.assign(cfg=list(zip(*(pred[c] for c in CONFIG_KEYS)))).pivot_table(
+        index="prompt_id", columns="cfg", values="predicted")
+    table[tuple(PLAIN[c] for c in CONFIG_KEYS)] = 1.0
+    return table
+
+
 def worst_ratios(pred: pd.DataFrame) -> pd.Series:
     """Per configuration: its worst predicted speed-up, over every sample prompt, as a share of that
     prompt's best configuration (plain included at 1). 1 means best on every prompt."""
-    per_prompt = pred.pivot_table(index="prompt_id", columns=CONFIG_KEYS, values="predicted")
-    per_prompt[tuple(PLAIN[c] for c in CONFIG_KEYS)] = 1.0
-    return per_prompt.div(per_prompt.max(axis=1), axis=0).min(axis=0).rename("worst_ratio")
+    table = per_prompt(pred)
+    return table.div(table.max(axis=1), axis=0).min(axis=0).rename("worst_ratio")
 
 
 def sign_test(pred: pd.DataFrame, a: tuple, b: tuple) -> tuple[int, int, float]:
     """(wins, prompts, one-sided sign-test p) of configuration ``a`` over ``b`` on the prompts of ``pred``."""
     from scipy.stats import binomtest
 
-    s = pred.assign(cfg=list(zip(*(pred[c] for c in CONFIG_KEYS)))).pivot_table(
-        index="prompt_id", columns="cfg", values="predicted")
-    s[tuple(PLAIN[c] for c in CONFIG_KEYS)] = 1.0
-    both = s[[a, b]].dropna()
+    both = per_prompt(pred)[[a, b]].dropna()
     wins, n = int((both[a] > both[b]).sum()), len(both)
     return wins, n, float(binomtest(wins, n, 0.5, alternative="greater").pvalue) if n else 1.0
 
