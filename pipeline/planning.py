@@ -159,23 +159,23 @@ def recommend(pred: pd.DataFrame, samples: int = 1000, level: float = 0.9) -> pd
                      "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean())})
     out = pd.DataFrame(rows)
     out["rank"] = out.groupby("kind").predicted.rank(ascending=False, method="first").astype(int)
+    cfg = pd.Series(list(zip(*(out[c] for c in CONFIG_KEYS))), index=out.index)
     worst = worst_ratios(pred)
-    out["worst_ratio"] = [float(worst.get(key, np.nan)) for key in zip(*(out[c] for c in CONFIG_KEYS))]
+    out["worst_ratio"] = [float(worst.get(key, np.nan)) for key in cfg]
     # The robust choice: best worst case, then the higher pooled median.
     everywhere = out[out.kind == ("all" if "all" in set(out.kind) else out.kind.iloc[0])]
-    robust_row = everywhere.sort_values(["worst_ratio", "predicted"], ascending=False).iloc[0]
-    robust = tuple(robust_row[c] for c in CONFIG_KEYS)
+    robust_at = everywhere.sort_values(["worst_ratio", "predicted"], ascending=False).index[0]
+    robust = cfg[robust_at]
     out["recommended"], out["chosen_by"] = False, ""
     for kind, g in out.groupby("kind", sort=False):
-        top = g.loc[g["rank"].idxmin()]
-        best = tuple(top[c] for c in CONFIG_KEYS)
-        why, pick = f"robust: best worst case over all sample prompts ({robust_row.worst_ratio:.3f} of each one's best)", robust
+        best = cfg[g["rank"].idxmin()]
+        why, pick = f"robust: best worst case over all sample prompts ({out.worst_ratio[robust_at]:.3f} of each one's best)", robust
         if best != robust and kind != "all":
             wins, n, p = sign_test(pred[pred.kind == kind], best, robust)
             if p <= 1 - level:
                 why, pick = f"kind's best: beats the robust choice on {wins} of {n} prompts (sign test p={p:.3f})", best
             else:
                 why += f"; the kind's best beats it on {wins} of {n} prompts (sign test p={p:.3f} > {1 - level:.2f})"
-        chosen = g.index[[tuple(r[c] for c in CONFIG_KEYS) == pick for _, r in g.iterrows()]]
-        out.loc[chosen[0], ["recommended", "chosen_by"]] = [True, why]
+        chosen = next(i for i in g.index if cfg[i] == pick)
+        out.loc[chosen, ["recommended", "chosen_by"]] = [True, why]
     return out.sort_values(["kind", "rank"]).reset_index(drop=True)

@@ -112,8 +112,7 @@ class PromptLookupDrafter:
 
     def propose(self, ids: torch.Tensor, length: int, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        n, start = self.match(ids, length)
-        return (ids[0, start: min(start + k, length)] if n else ids.new_empty(0)), None
+        return continuation(ids[0, :length], *self.match(ids, length), k), None
 
     def rollback(self, valid_length: int) -> None:
         self._match = None  # the text changed: the next iteration looks again
@@ -133,10 +132,14 @@ def lookup_match(seq: torch.Tensor, max_ngram: int = 3, min_ngram: int = 1) -> t
     return 0, -1
 
 
+def continuation(seq: torch.Tensor, n: int, start: int, k: int) -> torch.Tensor:
+    """Up to k tokens of seq from ``start``, for a match of length n (``lookup_match``); empty when n = 0."""
+    return seq[start: start + k] if n else seq.new_empty(0)
+
+
 def lookup_continuation(seq: torch.Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1) -> torch.Tensor:
     """Up to k tokens that followed the latest earlier match of seq's final n-gram (empty when none)."""
-    n, start = lookup_match(seq, max_ngram, min_ngram)
-    return seq[start: min(start + k, seq.shape[0])] if n else seq.new_empty(0)
+    return continuation(seq, *lookup_match(seq, max_ngram, min_ngram), k)
 
 
 class HybridDrafter:
