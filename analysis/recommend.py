@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_table, with_defaults
+from analysis.common import bootstrap_ci, load_params, markdown_table, run_script, save_table, with_defaults
 from analysis.inputs import AnalysisError, read_stage_files, stage_paths
 from pipeline.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
 from pipeline.parquet import read_meta
@@ -52,7 +52,7 @@ def read_plans(outputs_dir: str, campaign: str) -> pd.DataFrame:
 
 def latest_plan(plan: pd.DataFrame) -> pd.DataFrame:
     """Per pair, the rows of the plan job that finished last (a campaign may hold several): the plan
-    the speed stage's recommended arm runs (``pipeline.stages.speed.latest_plan``)."""
+    the speed stage's recommended arm runs (``pipeline.job_inputs.latest_plan_file``)."""
     last = plan.sort_values("finished_at").groupby("pair").config_hash.transform("last")
     return plan[plan.config_hash == last.reindex(plan.index)]
 
@@ -134,16 +134,36 @@ def _ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series, same_as: str | None
             "speedup_b": float(speed[b].ratio_to_adjacent_plain.median())}
 
 
+def read_speed(outputs_dir: str, campaign: str) -> pd.DataFrame:
+    """The campaign's speed rows, each with its job's start (``job_started_at``) and the plan file its
+    recommended arm followed (``job_plan``, from the provenance record; None where a job predates it)."""
+    files = read_stage_files(outputs_dir, campaign, "speed")
+    if not files:
+        return pd.DataFrame()
+    return with_defaults(pd.concat([f.data.assign(job_started_at=str(f.meta.get("started_at", "")),
+                                                  job_plan=(f.meta.get("inputs") or {}).get("plan"))
+                                    for f in files], ignore_index=True)).assign(campaign=campaign)
+
+
 def other_plans(speed: pd.DataFrame, plan: pd.DataFrame | None) -> pd.Series:
-    """Recommended-arm rows that ran another configuration than ``plan`` (the latest plan) recommends for
-    their pair and kind: runs made under an earlier plan of the campaign. None: no row is flagged."""
+    """Recommended-arm rows not run under ``plan`` (the latest plan): their job names another plan
+    (``job_plan``), or started before that plan finished, or (a job that records neither) ran another
+    configuration than the plan recommends for their pair and kind. None: no row is flagged."""
     flagged = pd.Series(False, index=speed.index)
     if plan is None or plan.empty:
         return flagged
     chosen = {(r.pair, r.kind): (r.drafter, r.k_policy, int(r.k)) for r in plan[plan.recommended].itertuples()}
+    made = {r.pair: (f"{r.pair}-{r.config_hash}", str(r.finished_at)) for r in plan.itertuples()}
     for i, r in speed[speed.arm == "recommended"].iterrows():
-        want = chosen.get((r.pair, r.kind)) or chosen.get((r.pair, "all"))
-        flagged[i] = want is not None and want != (r.drafter, r.k_policy, int(r.k))
+        stem, finished = made.get(r.pair, (None, ""))
+        followed, started = r.get("job_plan"), r.get("job_started_at")
+        if isinstance(followed, str):
+            flagged[i] = followed != stem
+        elif isinstance(started, str) and started and finished and started < finished:
+            flagged[i] = True
+        else:
+            want = chosen.get((r.pair, r.kind)) or chosen.get((r.pair, "all"))
+            flagged[i] = want is not None and want != (r.drafter, r.k_policy, int(r.k))
     return flagged
 
 
@@ -154,9 +174,9 @@ def check(speed: pd.DataFrame, boot: dict, plan: pd.DataFrame | None = None) -> 
     and rounds (other speed jobs of the campaign may cover other prompts, other arms). The
     *exploratory* check (``+sweep=check_plan``) picks the best fixed configuration after the runs
     from many arms; the *confirmatory* one (``+sweep=confirm_plan``) names it before the runs and
-    runs it next to the recommendation. With ``plan`` (the latest plan's rows), recommended runs of
-    another plan's choice are left out of the comparisons with the recommendation (counted in
-    ``other_plan_blocks``); the best fixed configuration and the policy's comparison keep every block.
+    runs it next to the recommendation. With ``plan`` (the latest plan's rows), recommended runs made
+    under another plan (``other_plans``) are left out of the comparisons with the recommendation (counted
+    in ``other_plan_blocks``); the best fixed configuration and the policy's comparison keep every block.
     """
     speed = checked_blocks(speed)
     if speed.empty:
@@ -235,7 +255,7 @@ def main() -> None:
         raise AnalysisError(f"campaign {campaign!r} holds no plan: run `python -m pipeline.run +sweep=plan "
                             f"campaign={campaign}`")
     plan = latest_plan(plan)
-    speed = read_stage(params["outputs_dir"], "speed", campaign)
+    speed = read_speed(params["outputs_dir"], campaign)
     checked = check(speed, boot, plan) if not speed.empty else pd.DataFrame()
     ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed)), plan) if not checked.empty else pd.DataFrame()
     print(f"campaign {campaign}")

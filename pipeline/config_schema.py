@@ -99,6 +99,7 @@ class CostModelKConf:
     estimator: str = "positions"
     probe_every: int = 8
     condition_on: str = "match"  # none: one estimate; match: one per label the drafter gives (lookup: n-gram length)
+    free_k_min: Optional[int] = 1  # k_min where proposals cost nothing (lookup); null: k_min
 
 
 @dataclass
@@ -300,6 +301,8 @@ CHECKS: dict[str, Check] = {
     "k_policy.c_verify": _positive_or_null(),
     "k_policy.estimator": _one_of("iid", "positions"),
     "k_policy.condition_on": _one_of("none", "match"),
+    "k_policy.free_k_min": ((lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)),
+                            "null (the same as k_min) or an integer >= 0"),
     "stage.ks": _ints_at_least(1),
     "stage.batch_sizes": _ints_at_least(1, nonempty=True),
     "stage.acceptance_ks": _ints_at_least(1, nonempty=True),
@@ -351,7 +354,8 @@ def check_config(cfg: DictConfig, stages: tuple[str, ...]) -> None:
         raise ConfigError(f"stage.parts={unknown or parts} is not allowed: use a non-empty list drawn from {list(stages)}")
     if cfg.k_policy.name == "heuristic" and int(cfg.k_policy.k_min) < 1:
         raise ConfigError(f"k_policy.k_min={cfg.k_policy.k_min!r} is not allowed with k_policy=heuristic: use an integer >= 1")
-    for lo, hi in (("drafter.min_ngram", "drafter.max_ngram"), ("k_policy.k_min", "k_policy.k_max")):
+    for lo, hi in (("drafter.min_ngram", "drafter.max_ngram"), ("k_policy.k_min", "k_policy.k_max"),
+                   ("k_policy.free_k_min", "k_policy.k_max")):
         a, b = OmegaConf.select(cfg, lo), OmegaConf.select(cfg, hi)
         if a is not None and b is not None and a > b:
             raise ConfigError(f"{lo}={a} with {hi}={b} is not allowed: use {lo} <= {hi}")

@@ -9,8 +9,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from pipeline.job_inputs import campaign_dir, job_inputs
 from pipeline.tracking import flatten
 
 # Keys that do not change what a job measures. The campaign says where a result is filed,
@@ -24,7 +25,8 @@ HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "st
                 "stage.drafters": [], "stage.drafter_ks": [], "stage.recommended": False,
                 "stage.k_policies": [], "prompts.skip_per_kind": 0,
                 "k_policy.estimator": "iid", "stage.block_timing_repeats": 0,
-                "stage.best_fixed": False, "stage.policy_drafters": [], "k_policy.condition_on": "none"}
+                "stage.best_fixed": False, "stage.policy_drafters": [], "k_policy.condition_on": "none",
+                "k_policy.free_k_min": None}
 # Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
 NEUTRAL_ONLY_FOR = {"stage.k_policies": ("acceptance",)}
 
@@ -36,11 +38,9 @@ def _neutral(key: str, value: object, stage: str) -> bool:
 def config_hash(cfg: DictConfig) -> str:
     stage = str(cfg.stage.name)
     flat = {k: v for k, v in flatten(cfg).items() if not k.startswith(VOLATILE) and not _neutral(k, v, stage)}
+    if "inputs" not in cfg:  # not frozen by a job: resolve them now (pipeline/job_inputs.py)
+        flat.update(flatten(OmegaConf.create({"inputs": job_inputs(cfg)})))
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def campaign_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.outputs_dir) / "campaigns" / str(cfg.campaign)
 
 
 def output_path(cfg: DictConfig, stage: str) -> Path:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from pipeline.config_schema import check_config, register  # noqa: E402
 from pipeline.errors import error_line, precheck  # noqa: E402
+from pipeline.job_inputs import freeze, job_inputs  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path, run_identity  # noqa: E402
 from pipeline.stages import STAGES  # noqa: E402
 from pipeline.tracking import PARENT_ENV, end_open_parent  # noqa: E402
@@ -121,6 +122,7 @@ class Job:
 
         self.cfg = cfg
         self.parts, self.prompts = validate(cfg)
+        freeze(cfg)  # the plan and other files the job reads: one for all its hashes and its stage
         self.tracker = Tracker.for_config(cfg)
         self.params = run_params(cfg)
         self.config = resolved_config(cfg)
@@ -175,7 +177,8 @@ class Job:
     def provenance(self, part: str, started: str) -> dict:
         return {"stage": part, "campaign": str(self.cfg.campaign), "config_hash": config_hash(self.cfg),
                 "pair": str(self.cfg.pair.name), "git_commit": self.tags()["mlflow.source.git.commit"],
-                "started_at": started, "finished_at": _now(), "overrides": _overrides()}
+                "started_at": started, "finished_at": _now(), "overrides": _overrides(),
+                "inputs": job_inputs(self.cfg)}
 
     def _record(self, part: str, status: str, path: Path, metrics: dict | None = None) -> None:
         from pipeline.summary import headline

@@ -43,10 +43,15 @@ def free_draft(table: CostTable) -> CostTable:
     return replace(table, draft={n: 0.0 for n in table.draft})
 
 
+def drafts_free(drafter: str, label: object = None) -> bool:
+    """Prompt lookup, and a hybrid's iterations labelled with a matched n-gram's length (an int), make
+    their proposals for free; the draft model pays its measured calls."""
+    return drafter == "prompt_lookup" or isinstance(label, int)
+
+
 def for_drafter(table: CostTable, drafter: str, label: object = None) -> CostTable:
-    """The price table for iterations of this drafter: prompt lookup, and a hybrid's iterations labelled
-    with a matched n-gram's length (an int), draft for free; the draft model pays its measured calls."""
-    return free_draft(table) if drafter == "prompt_lookup" or isinstance(label, int) else table
+    """The price table for iterations of this drafter (``drafts_free``: no draft cost)."""
+    return free_draft(table) if drafts_free(drafter, label) else table
 
 
 def make_policy(ctx: StageContext, name: str, k: int, costs: CostTable | None = None,
@@ -55,7 +60,8 @@ def make_policy(ctx: StageContext, name: str, k: int, costs: CostTable | None = 
     c_draft / c_verify null; set both to use the chapter's formula with those numbers instead.
     ``drafter`` (default: the job's) prices the proposals: prompt lookup's cost nothing. With
     ``condition_on: match`` the cost-model policy keeps one estimate per label the drafter gives
-    before proposing (prompt lookup: the matched n-gram's length; see ``ConditionedK``)."""
+    before proposing (prompt lookup: the matched n-gram's length; see ``ConditionedK``). Where proposals
+    are free (``drafts_free``) its smallest k is ``free_k_min`` (null: ``k_min``)."""
     p: DictConfig = ctx.cfg.k_policy
     drafter = drafter or str(ctx.cfg.drafter.name)
     if name != p.name and name in ("cost_model", "heuristic"):
@@ -79,7 +85,11 @@ def make_policy(ctx: StageContext, name: str, k: int, costs: CostTable | None = 
 
         def priced(label: object = None) -> CostModelK:
             table = for_drafter(measured, drafter, label)
-            return CostModelK(table.draft[1], table.verify, k_min=int(p.k_min), k_max=k_max, decay=float(p.decay),
+            # A free proposal risks only the wider check. The estimate that would stop checking a match
+            # rests on a few decayed checks, and a plain step cannot correct it, so free_k_min is 1.
+            free_k_min = p.get("free_k_min")
+            k_min = int(free_k_min) if free_k_min is not None and drafts_free(drafter, label) else int(p.k_min)
+            return CostModelK(table.draft[1], table.verify, k_min=k_min, k_max=k_max, decay=float(p.decay),
                               alpha0=float(p.alpha0), prior_weight=float(p.prior_weight), table=table,
                               estimator=str(p.estimator), probe_every=int(p.get("probe_every", 8)))
 

@@ -101,6 +101,8 @@ CASES = [
     (["stage=speed", "stage.block_timing_repeats=-2"], "stage.block_timing_repeats=-2 is not allowed: use an integer >= 0"),
     (["stage=speed", "stage.best_fixed=maybe"], "stage.best_fixed='maybe' is not allowed: use true or false"),
     (["k_policy=cost_model", "k_policy.condition_on=ngram"], "k_policy.condition_on='ngram' is not allowed: use one of"),
+    (["k_policy=cost_model", "k_policy.free_k_min=-1"], "k_policy.free_k_min=-1 is not allowed: use null (the same as k_min) or an integer >= 0"),
+    (["k_policy=cost_model", "k_policy.free_k_min=11"], "k_policy.free_k_min=11 with k_policy.k_max=10 is not allowed"),
     (["stage=plan", "stage.policy_drafters=[oracle]"], "stage.policy_drafters=['oracle'] is not allowed: use a list drawn from"),
     (["k_policy=nope"], "k_policy=nope is not allowed: use one of"),
     (["drafter=prompt_lookup", "drafter.min_ngram=4", "drafter.max_ngram=2"], "drafter.min_ngram=4 with drafter.max_ngram=2"),

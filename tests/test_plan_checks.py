@@ -95,6 +95,26 @@ def test_check_leaves_out_recommended_runs_of_an_earlier_plan():
                       & (everything.check == "exploratory")].blocks.iloc[0] == 6
 
 
+def test_recommended_runs_count_only_under_the_plan_their_job_followed():
+    """Two plans that chose the same configuration: a job's recorded plan decides, and a job that records
+    none counts only if it started after the latest plan finished (it cannot have followed it before)."""
+    from analysis.recommend import other_plans
+
+    plan = pd.DataFrame([{"pair": "p", "config_hash": "new", "finished_at": "2026-02-01T10:00:00+00:00",
+                          "kind": "code", "drafter": "prompt_lookup", "k_policy": "cost_model", "k": 4,
+                          "recommended": True}])
+    jobs = {"recorded-old": ("p-old", "2026-03-01T00:00:00+00:00"), "recorded-new": ("p-new", "2026-01-01"),
+            "unrecorded-before": (None, "2026-02-01T09:00:00+00:00"),
+            "unrecorded-after": (None, "2026-02-01T11:00:00+00:00")}
+    speed = pd.concat([_job(name, [("recommended", "prompt_lookup", 4, 1.3)], 2).assign(
+        pair="p", k_policy=lambda d: np.where(d.arm == "plain", "none", "cost_model"),
+        job_plan=followed, job_started_at=started) for name, (followed, started) in jobs.items()], ignore_index=True)
+    flagged = speed[other_plans(speed, plan)].config_hash.unique()
+    assert sorted(flagged) == ["recorded-old", "unrecorded-before"]
+    other_config = speed.assign(k=8, job_plan=None, job_started_at="")  # neither recorded: the configuration decides
+    assert other_plans(other_config, plan).sum() == (other_config.arm == "recommended").sum()
+
+
 def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_free(tmp_path):
     from pipeline.stages.acceptance import configurations
     from pipeline.strategies import for_drafter
@@ -111,6 +131,80 @@ def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_fr
     assert for_drafter(table, "hybrid", 3).draft == {1: 0.0, 2: 0.0}  # a lookup iteration of the hybrid
     assert for_drafter(table, "hybrid", "model") == table == for_drafter(table, "model")
     assert for_drafter(table, "prompt_lookup").verify == table.verify
+
+
+def test_free_proposals_keep_being_checked_where_a_paid_draft_stops(tmp_path):
+    """With free_k_min 1 the policy keeps checking lookup matches (and a hybrid's lookup iterations)
+    after rejections that make it stop paying the draft model; null gives the older k_min 0 for both."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from pipeline.jobs import config_hash
+    from pipeline.strategies import make_policy
+    from speclab.time_model import CostTable
+    from tests.pipeline_helpers import make_cfg
+
+    # A dear check (1.3 target steps and more) and a dear draft step: few rejections stop every paid k.
+    table = CostTable({1: 0.9, 2: 1.0}, {k: 1.3 + 0.05 * k for k in range(1, 11)})
+
+    def ks_after_rejections(cfg, drafter: str, label: object) -> list[int]:
+        pol = make_policy(SimpleNamespace(cfg=cfg), "cost_model", 4, costs=table, drafter=drafter)
+        pol.condition(label)
+        ks = []
+        for _ in range(6):
+            ks.append(pol.k)
+            pol.update(pol.k, 0)
+        return ks
+
+    cfg = make_cfg(tmp_path, "k_policy=cost_model")
+    assert min(ks_after_rejections(cfg, "prompt_lookup", 3)) == 1
+    assert min(ks_after_rejections(cfg, "hybrid", 2)) == 1
+    assert ks_after_rejections(cfg, "hybrid", "model")[-1] == 0  # the draft model's iterations still stop
+    older = make_cfg(tmp_path, "k_policy=cost_model", "k_policy.free_k_min=null")
+    assert ks_after_rejections(older, "prompt_lookup", 3)[-1] == 0
+    # null reproduces the older jobs, so it keeps their hash; the new default is a new job.
+    plain = OmegaConf.to_container(older)
+    del plain["k_policy"]["free_k_min"]
+    before = OmegaConf.create(plain)  # a config from before the key existed
+    assert config_hash(older) == config_hash(before) != config_hash(cfg)
+
+
+def test_a_job_that_follows_a_plan_or_schema_defaults_is_a_new_job_when_they_change(tmp_path, monkeypatch):
+    """A recommended arm's job is named by the latest plan it follows, and a cost-model arm from the
+    schema by that schema's newer defaults; jobs that read neither keep their hash."""
+    import pyarrow as pa
+
+    from pipeline.config_schema import CostModelKConf
+    from pipeline.job_inputs import freeze, latest_plan_file
+    from pipeline.jobs import campaign_dir, config_hash
+    from pipeline.parquet import write_parquet
+    from tests.pipeline_helpers import make_cfg
+
+    check = make_cfg(tmp_path, "stage=speed", "stage.recommended=true")
+    fixed_only = make_cfg(tmp_path, "stage=speed", "stage.ks=[2]")
+    arms = make_cfg(tmp_path, "stage=speed", "stage.ks=[2]", "stage.k_policies=[cost_model]")
+    plans = campaign_dir(check) / "plan"
+    before = config_hash(check), config_hash(fixed_only), config_hash(arms)
+
+    def plan(name: str, finished_at: str) -> None:
+        write_parquet(pd.DataFrame({"x": [1]}), pa.schema([("x", pa.int64())]),
+                      plans / f"{check.pair.name}-{name}.parquet", {"finished_at": finished_at})
+
+    plan("bbbb", "2026-02-01")
+    first = config_hash(check)
+    plan("aaaa", "2026-03-01")  # a later plan, earlier in name order
+    second = config_hash(check)
+    assert len({before[0], first, second}) == 3
+    plan("cccc", "2026-01-01")  # an older plan changes nothing
+    assert config_hash(check) == second
+    freeze(check)  # as a job does at its start: the same hash, and the plan it follows stays its own
+    assert config_hash(check) == second and latest_plan_file(check).stem == f"{check.pair.name}-aaaa"
+    plan("dddd", "2026-04-01")
+    assert config_hash(check) == second and latest_plan_file(check).stem.endswith("aaaa")
+    assert config_hash(fixed_only) == before[1]
+    monkeypatch.setattr(CostModelKConf, "free_k_min", None)  # the schema as it was
+    assert config_hash(arms) != before[2] and config_hash(fixed_only) == before[1]
 
 
 def _predictions(per_kind: int) -> pd.DataFrame:

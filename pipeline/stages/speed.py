@@ -8,11 +8,12 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from pipeline.best_fixed import BestFixed, best_fixed
+from pipeline.best_fixed import BestFixed
 from pipeline.context import StageContext
+from pipeline.job_inputs import find_best_fixed, latest_plan_file
 from pipeline.parquet import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.strategies import make_drafter, make_policy
@@ -180,26 +181,21 @@ def run(ctx: StageContext) -> StageOutput:
 
 def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
     """kind -> the recommended configuration of this pair's most recent plan in this campaign."""
-    from pipeline.jobs import campaign_dir
-    from pipeline.parquet import read_meta
-
-    files = sorted((campaign_dir(cfg) / "plan").glob(f"{cfg.pair.name}-*.parquet"),
-                   key=lambda p: str((read_meta(p) or {}).get("finished_at", "")))
-    if not files:
+    plan = latest_plan_file(cfg)
+    if plan is None:
         raise ValueError(f"stage.recommended=true needs a plan for pair {cfg.pair.name} in campaign {cfg.campaign}: "
                          f"run `python -m pipeline.run +sweep=plan campaign={cfg.campaign}` first")
-    rec = pd.read_parquet(files[-1])
+    rec = pd.read_parquet(plan)
     rec = rec[rec.recommended]
     return {str(r.kind): ("recommended", int(r.k), str(r.k_policy), str(r.drafter)) for r in rec.itertuples()}
 
 
 def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
     """The best fixed configuration of this pair's exploratory checks in this campaign."""
-    from pipeline.jobs import campaign_dir
-
-    files = sorted((campaign_dir(cfg) / "speed").glob(f"{cfg.pair.name}-*.parquet"))
-    speed = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
-    best = best_fixed(speed) if not speed.empty else None
+    best, frozen = find_best_fixed(cfg), OmegaConf.select(cfg, "inputs.best_fixed")
+    if best is not None and frozen is not None and frozen != f"{best.drafter} k={best.k}":
+        raise ValueError(f"stage.best_fixed: the exploratory check's best changed from {frozen} to {best.drafter} "
+                         f"k={best.k} since this job started (another job wrote speed results): rerun it")
     if best is None:
         raise ValueError(f"stage.best_fixed=true needs an exploratory check of pair {cfg.pair.name} in campaign "
                          f"{cfg.campaign} (the recommended arm beside two or more fixed configurations): run "
@@ -210,7 +206,10 @@ def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
 
 
 def _arm_name(method: str, k: int, policy: str, drafter: str, kind: str) -> str:
-    return " ".join([method, f"k{k}", *([policy] if policy != "fixed" else []),
+    # An adaptive policy's k is where it starts (the heuristic) or nothing at all (the cost model, the
+    # library's schedule): naming it "k4" would file it beside fixed k = 4 in MLflow's compare view.
+    ks = {"fixed": [f"k{k}"], "heuristic": [f"from-k{k}"]}.get(policy, [])
+    return " ".join([method, *ks, *([policy] if policy != "fixed" else []),
                      *([drafter] if drafter not in ("model", "none") else []), kind])
 
 

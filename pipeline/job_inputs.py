@@ -1,0 +1,87 @@
+"""What a job reads besides its config, which must therefore name the job too.
+
+A speed job's recommended arm follows the campaign's latest plan, and ``stage.best_fixed`` runs the
+exploratory check's best fixed configuration; a cost-model arm the config does not spell out
+(``stage.k_policies`` beside another ``k_policy``, or a plan's recommendation) takes its schema's
+defaults. Were these left out of the job's hash, rerunning a check after a new plan, or after a
+changed default, would find the old file "already complete" and report the old arms as the new.
+
+A job resolves them once, as it starts (``freeze``), into ``cfg.inputs``: its hash, its MLflow params,
+its provenance record and the stage itself then all see the same plan, even if another job writes a
+newer one meanwhile.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from pipeline.best_fixed import BestFixed, best_fixed
+from pipeline.parquet import read_meta
+
+# Keys of the cost-model schema that enter the hash of a job running a cost-model arm from that
+# schema, left out at the value of the older behaviour. The schema's earlier keys were not hashed
+# when the stored results were written; every key added since is listed here.
+ARM_POLICY_KEYS = {"free_k_min": None}
+
+
+def campaign_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.outputs_dir) / "campaigns" / str(cfg.campaign)
+
+
+def latest_plan_file(cfg: DictConfig) -> Path | None:
+    """This pair's plan file in this campaign that finished last (the one a recommended arm follows),
+    or the one the job froze at its start. ``analysis.recommend.latest_plan`` applies the same rule to
+    rows that carry ``finished_at``."""
+    frozen = OmegaConf.select(cfg, "inputs.plan")
+    if frozen is not None:
+        return campaign_dir(cfg) / "plan" / f"{frozen}.parquet"
+    files = sorted((campaign_dir(cfg) / "plan").glob(f"{cfg.pair.name}-*.parquet"),
+                   key=lambda p: str((read_meta(p) or {}).get("finished_at", "")))
+    return files[-1] if files else None
+
+
+def find_best_fixed(cfg: DictConfig) -> BestFixed | None:
+    """The best fixed configuration of this pair's exploratory checks in this campaign, if any."""
+    files = sorted((campaign_dir(cfg) / "speed").glob(f"{cfg.pair.name}-*.parquet"))
+    speed = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    return best_fixed(speed) if not speed.empty else None
+
+
+def _runs_schema_cost_model(cfg: DictConfig) -> bool:
+    st = cfg.stage
+    if str(cfg.k_policy.name) == "cost_model":
+        return False  # its arms use the config's own k_policy, which is hashed
+    return "cost_model" in [str(p) for p in st.get("k_policies") or []] or bool(st.get("recommended"))
+
+
+def job_inputs(cfg: DictConfig) -> dict[str, object]:
+    """The inputs above (nested, as ``cfg.inputs`` holds them), each left out where it does not apply, so
+    jobs that read none keep their hash. A frozen job's own."""
+    from pipeline.config_schema import CostModelKConf
+
+    if "inputs" in cfg:
+        return OmegaConf.to_container(cfg.inputs)
+    out: dict[str, object] = {}
+    st = cfg.stage
+    if st.get("recommended"):
+        plan = latest_plan_file(cfg)
+        out["plan"] = plan.stem if plan is not None else None
+    if st.get("best_fixed"):
+        best = find_best_fixed(cfg)
+        out["best_fixed"] = f"{best.drafter} k={best.k}" if best is not None else None
+    if _runs_schema_cost_model(cfg):
+        arm = {key: getattr(CostModelKConf, key) for key, neutral in ARM_POLICY_KEYS.items()
+               if getattr(CostModelKConf, key) != neutral}
+        if arm:
+            out["cost_model_arm"] = arm
+    return out
+
+
+def freeze(cfg: DictConfig) -> None:
+    """Resolve the job's inputs now, into ``cfg.inputs`` (absent where there are none)."""
+    inputs = job_inputs(cfg)
+    if inputs and "inputs" not in cfg:
+        with open_dict(cfg):
+            cfg.inputs = inputs
