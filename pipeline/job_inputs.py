@@ -72,8 +72,8 @@ def job_inputs(cfg: DictConfig) -> dict[str, object]:
         best = find_best_fixed(cfg)
         out["best_fixed"] = f"{best.drafter} k={best.k}" if best is not None else None
     if _runs_schema_cost_model(cfg):
-        arm = {key: getattr(CostModelKConf, key) for key, neutral in ARM_POLICY_KEYS.items()
-               if getattr(CostModelKConf, key) != neutral}
+        arm = {key: value for key, neutral in ARM_POLICY_KEYS.items()
+               if (value := getattr(CostModelKConf, key)) != neutral}
         if arm:
             out["cost_model_arm"] = arm
     return out
