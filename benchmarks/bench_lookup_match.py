@@ -19,11 +19,9 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.common import add_pair_arguments  # noqa: E402
+from benchmarks.common import add_pair_arguments, greedy_continuations  # noqa: E402
 from pipeline.parquet import write_parquet  # noqa: E402
-from pipeline.prompts import encode, load_prompts  # noqa: E402
 from speclab.drafters import lookup_match  # noqa: E402
-from speclab.loop import plain_greedy  # noqa: E402
 from speclab.models import load_pair  # noqa: E402
 
 SCHEMA = pa.schema([
@@ -55,11 +53,9 @@ def main() -> None:
     args = ap.parse_args()
     pair = load_pair(args.target, args.draft, args.device, args.dtype)
     rows = []
-    for p in load_prompts(args.prompts, ["prose", "code", "structured"]):
-        ids = encode(p, pair.tokenizer, pair.target.config.vocab_size, pair.device)
-        new = plain_greedy(pair.target, ids, args.max_new_tokens, pair.eos_token_id).tokens
+    for p, prompt, new in greedy_continuations(pair, args.prompts, args.max_new_tokens):
         rows += [{"kind": p.kind, "prompt_id": p.id, "ngram": n, "accepted": a}
-                 for n, a in positions(ids[0].tolist(), new, args.k, args.max_ngram)]
+                 for n, a in positions(prompt, new, args.k, args.max_ngram)]
     df = pd.DataFrame(rows)
     table = pd.concat([df, df.assign(kind="all")]).groupby(["kind", "ngram"]).agg(
         positions=("accepted", "size"), prompts=("prompt_id", "nunique"),

@@ -26,15 +26,13 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from benchmarks.common import add_pair_arguments  # noqa: E402
+from benchmarks.common import add_pair_arguments, greedy_continuations  # noqa: E402
 from pipeline.config_schema import register  # noqa: E402
 from pipeline.parquet import write_parquet  # noqa: E402
 from pipeline.planning import calibrate  # noqa: E402
-from pipeline.prompts import encode, load_prompts  # noqa: E402
 from pipeline.strategies import make_policy  # noqa: E402
 from speclab.drafters import PromptLookupDrafter  # noqa: E402
 from speclab.k_policy import FixedK, KPolicy  # noqa: E402
-from speclab.loop import plain_greedy  # noqa: E402
 from speclab.time_model import CostTable, Trace  # noqa: E402
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -98,9 +96,7 @@ def main() -> None:
                 for n, o in POLICIES.items() if o is not None}
     pair = load_pair(args.target, args.draft, args.device, args.dtype)
     rows = []
-    for p in load_prompts(args.prompts, ["prose", "code", "structured"]):
-        ids = encode(p, pair.tokenizer, pair.target.config.vocab_size, pair.device)
-        prompt, new = ids[0].tolist(), plain_greedy(pair.target, ids, args.max_new_tokens, pair.eos_token_id).tokens
+    for p, prompt, new in greedy_continuations(pair, args.prompts, args.max_new_tokens):
         for policy_name, overrides in POLICIES.items():
             policy = FixedK(2) if overrides is None else make_policy(
                 SimpleNamespace(cfg=cfgs[policy_name]), "cost_model", 2, costs, "prompt_lookup")
