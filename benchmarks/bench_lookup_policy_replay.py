@@ -3,7 +3,7 @@
 Greedy speculative output equals plain greedy, so for a drafter without a model (prompt lookup) every
 iteration's proposal, its accepted count and the policy's next choice follow from the plain greedy
 continuation alone: the loop's decisions are replayed without timing anything. The policies are built
-as the pipeline builds them (``pipeline.strategies.make_policy``, one ``k_policy`` override each), with
+as the pipeline builds them (``pipeline.strategies.policy_spec``, one ``k_policy`` override each), with
 the price table and the time model of a committed plan job (its timing and acceptance files), so a
 change to a policy can be weighed in a minute instead of a 20-minute speed job. Writes one row per
 (prompt, policy) to outputs/benchmarks/lookup_policy_replay.parquet and prints the iterations and the
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -30,9 +29,10 @@ from benchmarks.common import add_pair_arguments, greedy_continuations  # noqa: 
 from pipeline.config_schema import register  # noqa: E402
 from pipeline.parquet import write_parquet  # noqa: E402
 from pipeline.planning import calibrate  # noqa: E402
-from pipeline.strategies import make_policy  # noqa: E402
+from pipeline.strategies import policy_spec  # noqa: E402
 from speclab.drafters import PromptLookupDrafter  # noqa: E402
 from speclab.k_policy import FixedK, KPolicy  # noqa: E402
+from speclab.strategy import Prices  # noqa: E402
 from speclab.time_model import CostTable, Trace  # noqa: E402
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -98,8 +98,8 @@ def main() -> None:
     rows = []
     for p, prompt, new in greedy_continuations(pair, args.prompts, args.max_new_tokens):
         for policy_name, overrides in POLICIES.items():
-            policy = FixedK(2) if overrides is None else make_policy(
-                SimpleNamespace(cfg=cfgs[policy_name]), "cost_model", 2, costs, "prompt_lookup")
+            policy = FixedK(2) if overrides is None else policy_spec(cfgs[policy_name].k_policy).build(
+                2, Prices(costs, model_drafts=False))  # prompt lookup: no draft model
             trace, skipped = replay(prompt, new, policy)
             rows.append({"prompt_id": p.id, "kind": p.kind, "policy": policy_name, "iterations": len(trace.proposed),
                          "plain_steps_with_match": skipped, "tokens": int(trace.tokens),

@@ -3,7 +3,8 @@
 Types are checked by Hydra while it composes the config (``max_new_tokens=abc`` never reaches
 the code; ``sampling.do_sample=no`` is the boolean false, not the truthy string 'no'). Ranges and
 choices are checked by :func:`check_config` before any model loads. Each field mirrors a key of the
-YAML files in conf/ exactly: adding a key would change every job's config hash.
+YAML files in conf/ exactly: adding a key would change every job's config hash (``_target_`` keys
+excepted: they name the class that builds an option, not what a job measures).
 
 Groups whose options differ in shape (stage, drafter, k_policy) take their schema from a defaults
 entry in each option's YAML (``- /schema/stage/speed@_here_``); a user's own option file may do the same.
@@ -13,10 +14,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from speclab.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, default_of
 
 
 class ConfigError(ValueError):
@@ -54,52 +58,48 @@ class SamplingConf:
     top_p: float = 1.0
 
 
+def _target(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# A drafter option names its class in ``_target_`` and takes the constructor's defaults.
 @dataclass
 class ModelDrafterConf:
+    _target_: str = _target(ModelDrafter)
     name: str = "model"
 
 
 @dataclass
 class PromptLookupConf:
+    _target_: str = _target(PromptLookupDrafter)
     name: str = "prompt_lookup"
-    max_ngram: int = 3
-    min_ngram: int = 1
+    max_ngram: int = default_of(PromptLookupDrafter, "max_ngram")
+    min_ngram: int = default_of(PromptLookupDrafter, "min_ngram")
 
 
 @dataclass
 class HybridConf:
+    _target_: str = _target(HybridDrafter)
     name: str = "hybrid"
-    max_ngram: int = 3
-    min_ngram: int = 1
-    min_match: int = 1
+    max_ngram: int = default_of(HybridDrafter, "max_ngram")
+    min_ngram: int = default_of(HybridDrafter, "min_ngram")
+    min_match: int = default_of(HybridDrafter, "min_match")
+
+
+# A k-policy option is its spec (speclab/strategy.py: fields and defaults) and the spec's class.
+@dataclass
+class FixedKConf(FixedPolicy):
+    _target_: str = _target(FixedPolicy)
 
 
 @dataclass
-class FixedKConf:
-    name: str = "fixed"
+class HeuristicKConf(HeuristicPolicy):
+    _target_: str = _target(HeuristicPolicy)
 
 
 @dataclass
-class HeuristicKConf:
-    name: str = "heuristic"
-    k_min: int = 1
-    k_max: int = 10
-
-
-@dataclass
-class CostModelKConf:
-    name: str = "cost_model"
-    k_min: int = 0
-    k_max: int = 10
-    decay: float = 0.9
-    alpha0: float = 0.6
-    prior_weight: float = 2.0
-    c_draft: Optional[float] = None
-    c_verify: Optional[float] = None
-    estimator: str = "positions"
-    probe_every: int = 8
-    condition_on: str = "match"  # none: one estimate; match: one per label the drafter gives (lookup: n-gram length)
-    free_k_min: Optional[int] = 1  # k_min where proposals cost nothing (lookup); null: k_min
+class CostModelKConf(CostModelPolicy):
+    _target_: str = _target(CostModelPolicy)
 
 
 @dataclass
@@ -210,6 +210,13 @@ class SpeclabConf:
     outputs_dir: str = MISSING
 
 
+# The options of the drafter and k_policy groups, by name: their schemas, and the defaults of an extra
+# arm (``stage.drafters``, ``stage.k_policies``) that names another option than the job's.
+DRAFTERS = {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf, "hybrid": HybridConf}
+K_POLICIES = {"fixed": FixedKConf, "cost_model": CostModelKConf, "heuristic": HeuristicKConf}
+EXTRA_POLICIES = ("cost_model", "heuristic")  # the adaptive ones, which stage.k_policies may add
+
+
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="speclab_schema", node=SpeclabConf)
@@ -217,8 +224,7 @@ def register() -> None:
         "stage": {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage,
                   "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage, "batch": BatchStage,
                   "plan": PlanStage},
-        "drafter": {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf, "hybrid": HybridConf},
-        "k_policy": {"fixed": FixedKConf, "heuristic": HeuristicKConf, "cost_model": CostModelKConf},
+        "drafter": DRAFTERS, "k_policy": K_POLICIES,
     }.items():
         for name, node in options.items():
             cs.store(group=f"schema/{group}", name=name, node=node)
@@ -286,11 +292,11 @@ CHECKS: dict[str, Check] = {
     "prompts.skip_per_kind": (_int_at_least(0)[0], "an integer >= 0 (prompts of each kind to leave out first)"),
     "sampling.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k filter)"),
     "sampling.top_p": _number_in(0, 1, lo_open=True),
-    "drafter.name": _one_of("model", "prompt_lookup", "hybrid"),
+    "drafter.name": _one_of(*DRAFTERS),
     "drafter.min_match": _int_at_least(1),
     "drafter.max_ngram": _int_at_least(1),
     "drafter.min_ngram": _int_at_least(1),
-    "k_policy.name": _one_of("fixed", "cost_model", "heuristic"),
+    "k_policy.name": _one_of(*K_POLICIES),
     "k_policy.k_min": (_int_at_least(0)[0], "an integer >= 0 (0: the cost model may stop speculating; heuristic: >= 1)"),
     "k_policy.probe_every": _int_at_least(1),
     "k_policy.k_max": _int_at_least(1),
@@ -311,9 +317,9 @@ CHECKS: dict[str, Check] = {
     "stage.warmup": _int_at_least(0),
     "stage.prompts_to_time": _int_at_least(1),
     "stage.rounds": _int_at_least(1),
-    "stage.k_policies": _subset_of("cost_model", "heuristic"),
-    "stage.drafters": _subset_of("model", "prompt_lookup", "hybrid"),
-    "stage.policy_drafters": _subset_of("model", "prompt_lookup", "hybrid"),
+    "stage.k_policies": _subset_of(*EXTRA_POLICIES),
+    "stage.drafters": _subset_of(*DRAFTERS),
+    "stage.policy_drafters": _subset_of(*DRAFTERS),
     "stage.drafter_ks": _ints_at_least(1),
     "stage.context_extra": _ints_at_least(0, nonempty=True),
     "stage.bootstrap": _int_at_least(100),

@@ -1,4 +1,4 @@
-"""Shared set-up for every stage: threads, seeds, the model pair and the prompts."""
+"""Shared set-up for every stage: threads, seeds, the model pair, the prompts and the strategies."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +8,10 @@ from omegaconf import DictConfig
 
 from pipeline.jobs import config_hash
 from pipeline.prompts import Prompt, check_fits, context_limit, encode, load_prompts
+from pipeline.strategies import drafter_conf, make_drafter, policy_conf, policy_spec
 from speclab.models import ModelPair, load_pair
-from speclab.time_model import CostTable  # noqa: F401 - in annotations
+from speclab.strategy import Strategy, make_strategy, measure_prices
+from speclab.time_model import CostTable
 
 
 @dataclass
@@ -19,31 +21,34 @@ class StageContext:
     prompts: list[Prompt]
     inputs: dict[str, torch.Tensor]  # prompt id -> token ids on the pair's device
     config_hash: str
-    _costs: "CostTable | None" = None
+    _prices: CostTable | None = None
 
-    def costs(self, needed: bool = False) -> "CostTable | None":
-        """The cost-model k policy's price table, measured once per job and only when it is used
-        (``needed``: a plan's recommendation uses the policy although the config does not name it)."""
-        used = self.cfg.k_policy.name == "cost_model" or "cost_model" in (self.cfg.stage.get("k_policies") or [])
-        if self._costs is None and (used or needed):
-            from pipeline.strategies import measured_costs
+    def prices(self, policy: str | None = None) -> CostTable | None:
+        """The price table the k policy ``policy`` (None: the job's) reads, if it reads one: measured on
+        the first prompt the first time a policy of the job needs it."""
+        spec = policy_spec(policy_conf(self.cfg, policy))
+        if spec.needs_prices and self._prices is None:
+            self._prices = measure_prices(self.pair.target, self.pair.draft, self.inputs[self.prompts[0].id],
+                                          int(spec.k_max))
+        return self._prices if spec.needs_prices else None
 
-            self._costs = measured_costs(self, int(self.cfg.k_policy.get("k_max", 10)))
-        return self._costs
+    def strategy(self, k: int, drafter: str | None = None, policy: str | None = None) -> Strategy:
+        """A new drafter and k policy (option names; None: the job's) for one run starting at ``k``."""
+        return make_strategy(make_drafter(drafter_conf(self.cfg, drafter), self.pair.draft),
+                             policy_spec(policy_conf(self.cfg, policy)), k, self.prices(policy))
 
 
 def job_k_max(cfg: DictConfig) -> int:
     """The most proposals any iteration of this job can make (fixed ks and adaptive policies' k_max)."""
-    st, pol = cfg.stage, cfg.k_policy
-    ks = [int(cfg.k), *(st.get("ks") or []), *(st.get("acceptance_ks") or [])]
-    if pol.name != "fixed" or st.get("k_policies"):
-        ks.append(int(pol.get("k_max", 10)))
-    return max(ks)
+    st = cfg.stage
+    policies = [policy_conf(cfg, str(p)) for p in [cfg.k_policy.name, *(st.get("k_policies") or [])]]
+    return max([int(cfg.k), *(st.get("ks") or []), *(st.get("acceptance_ks") or []),
+                *(int(p.k_max) for p in policies if "k_max" in p)])
 
 
 def load_job_prompts(cfg: DictConfig) -> list[Prompt]:
-    return load_prompts(cfg.prompts.file, list(cfg.prompts.kinds), int(cfg.prompts.per_kind),
-                        int(cfg.prompts.get("skip_per_kind", 0)))
+    p = cfg.prompts
+    return load_prompts(p.file, list(p.kinds), int(p.per_kind), int(p.skip_per_kind))
 
 
 def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageContext:

@@ -15,7 +15,8 @@ from pipeline.job_inputs import campaign_dir, job_inputs
 from pipeline.tracking import flatten
 
 # Keys that do not change what a job measures. The campaign says where a result is filed,
-# not what it measures: one measurement keeps one hash across campaigns.
+# not what it measures: one measurement keeps one hash across campaigns. ``_target_`` keys name
+# the class that builds an option (drafter, k policy) and are left out too.
 VOLATILE = ("force", "mlflow.", "outputs_dir", "threads", "campaign")
 
 
@@ -37,7 +38,8 @@ def _neutral(key: str, value: object, stage: str) -> bool:
 
 def config_hash(cfg: DictConfig) -> str:
     stage = str(cfg.stage.name)
-    flat = {k: v for k, v in flatten(cfg).items() if not k.startswith(VOLATILE) and not _neutral(k, v, stage)}
+    flat = {k: v for k, v in flatten(cfg).items()
+            if not k.startswith(VOLATILE) and not _neutral(k, v, stage) and k.rsplit(".", 1)[-1] != "_target_"}
     if "inputs" not in cfg:  # not frozen by a job: resolve them now (pipeline/job_inputs.py)
         flat.update(flatten(OmegaConf.create({"inputs": job_inputs(cfg)})))
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

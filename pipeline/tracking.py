@@ -11,6 +11,8 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,7 +114,9 @@ PARENT_URI_ENV = "SPECLAB_PARENT_URI"
 
 
 def run_params(cfg: DictConfig) -> dict[str, Any]:
-    return {k: v for k, v in flatten(cfg).items() if not k.startswith(NOISE_PARAMS)}
+    """The settings a run is compared by (an option's ``_target_`` class is not one)."""
+    return {k: v for k, v in flatten(cfg).items()
+            if not k.startswith(NOISE_PARAMS) and k.rsplit(".", 1)[-1] != "_target_"}
 
 
 def _cpu_model() -> str:
@@ -200,7 +204,7 @@ class Tracker:
         n = 0
         for run in self._search(identity, "RUNNING"):
             tags = run.data.tags
-            if tags.get("speclab.host") == platform.node() and not _pid_alive(int(tags.get("speclab.pid", "0") or 0)):
+            if tags.get("speclab.host") == platform.node() and not _pid_alive(int(tags.get("speclab.pid") or 0)):
                 self._call(lambda c, rid=run.info.run_id: c.set_terminated(rid, "KILLED"))
                 n += 1
         return n
@@ -268,6 +272,21 @@ class Tracker:
             n += self.finish(run_id, arm.metrics)
         return n
 
+    @contextmanager
+    def open_run(self, name: str, identity: dict[str, str], tags: dict[str, str], params: dict[str, Any],
+                 parent: str | None = None) -> Iterator[str | None]:
+        """A run open while the block runs (``start``): the block marks it FINISHED (``finish``); an
+        interrupt (Ctrl-C, SIGTERM) ends it KILLED and an error FAILED, so it never stays RUNNING."""
+        run_id = self.start(name, identity, tags, params, parent)
+        try:
+            yield run_id
+        except KeyboardInterrupt:
+            self.end(run_id, "KILLED")
+            raise
+        except BaseException:
+            self.end(run_id, "FAILED")
+            raise
+
     def end(self, run_id: str | None, status: str) -> None:
         """Close a run that did not finish (FAILED, KILLED): never leave it RUNNING."""
         if run_id is not None and run_id in self._open:
@@ -294,7 +313,7 @@ class CreateTrackingStore(Callback):
         self.tracker = Tracker(self.uri, self.experiment, True)
         hc = config.hydra  # HydraConfig is not set yet when a multirun starts
         sweep = str(hc.runtime.choices.get("sweep") or "multirun")
-        campaign = str(config.get("campaign", "scratch"))
+        campaign = str(config.campaign)
         name = f"sweep {sweep} · {campaign} · {time.strftime('%Y-%m-%d %H:%M')}"
         tags = {"level": "sweep", "sweep": sweep, "campaign": campaign, "sweep_dir": str(hc.sweep.dir),
                 "overrides": " ".join(hc.overrides.task)[:5000], "mlflow.source.git.commit": git_commit(),

@@ -109,9 +109,9 @@ class CostModelK:
     model catches up on the skipped tokens in its first call) and the choice is made again.
     """
 
-    def __init__(self, c_draft: float, c_verify: float | dict[int, float] = 1.0, k_min: int = 1, k_max: int = 10,
-                 decay: float = 0.7, alpha0: float = 0.6, prior_weight: float = 2.0,
-                 table: CostTable | None = None, estimator: str = "iid", probe_every: int = 8) -> None:
+    def __init__(self, c_draft: float, c_verify: float | dict[int, float] = 1.0, k_min: int = 0, k_max: int = 10,
+                 decay: float = 0.9, alpha0: float = 0.6, prior_weight: float = 2.0,
+                 table: CostTable | None = None, estimator: str = "positions", probe_every: int = 8) -> None:
         if estimator not in ("iid", "positions"):
             raise ValueError(f"estimator={estimator!r} is not allowed: use 'iid' or 'positions'")
         if not 0.0 <= decay < 1.0:

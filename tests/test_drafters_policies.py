@@ -56,7 +56,7 @@ def test_greedy_with_prompt_lookup_equals_plain(tiny_pair, prompt, k):
     assert spec.accepted > 0
 
 
-@pytest.mark.parametrize("policy", [lambda: HeuristicK(2), lambda: CostModelK(0.3, 1.0)])
+@pytest.mark.parametrize("policy", [lambda: HeuristicK(2), lambda: CostModelK(0.3, 1.0, k_min=1, decay=0.7)])
 def test_adaptive_policies_keep_output_exact(tiny_pair, policy):
     target, draft = tiny_pair
     perfect = draft_variant(target, "copy", torch.device("cpu"))
@@ -71,7 +71,8 @@ def _ks(target, draft, policy):
     return [it.k for it in res.iterations[:-1]]  # the last iteration is cut by the token budget
 
 
-@pytest.mark.parametrize("make", [lambda: HeuristicK(k_start=3, k_max=10), lambda: CostModelK(0.2, 1.0, k_max=10)])
+@pytest.mark.parametrize("make", [lambda: HeuristicK(k_start=3, k_max=10),
+                                  lambda: CostModelK(0.2, 1.0, k_min=1, k_max=10, decay=0.7)])
 def test_adaptive_k_grows_on_perfect_draft_and_shrinks_on_useless(tiny_pair, make):
     target, useless = tiny_pair
     perfect = draft_variant(target, "copy", torch.device("cpu"))
@@ -94,7 +95,7 @@ def test_heuristic_schedule_steps():
 
 
 def test_cost_model_policy_tracks_alpha():
-    p = CostModelK(0.3, 1.0, k_max=10)
+    p = CostModelK(0.3, 1.0, k_min=1, k_max=10, decay=0.7)
     for _ in range(10):
         p.update(p.k, p.k)
     assert p.alpha > 0.95 and p.k >= 6
@@ -111,7 +112,8 @@ def _dear_table():
 
 
 def test_cost_model_stops_speculating_where_no_k_pays_and_probes():
-    p = CostModelK(0.9, 1.0, k_min=0, k_max=10, table=_dear_table(), estimator="positions", probe_every=4)
+    p = CostModelK(0.9, 1.0, k_min=0, k_max=10, decay=0.7, table=_dear_table(), estimator="positions",
+                   probe_every=4)
     for _ in range(3):
         p.update(p.k, 0)
     assert p.k == 0  # every k >= 1 is priced below a plain step
@@ -123,7 +125,7 @@ def test_cost_model_stops_speculating_where_no_k_pays_and_probes():
     drafted = [i for i, k in enumerate(ks) if k]
     assert drafted and all(b - a == 5 for a, b in zip(drafted, drafted[1:]))  # 4 plain steps, then one probe
     # With k_min = 1 the same evidence keeps it drafting at its cheapest k.
-    q = CostModelK(0.9, 1.0, k_min=1, k_max=10, table=_dear_table(), estimator="positions")
+    q = CostModelK(0.9, 1.0, k_min=1, k_max=10, decay=0.7, table=_dear_table(), estimator="positions")
     for _ in range(5):
         q.update(q.k, 0)
     assert q.k == 1
@@ -133,7 +135,7 @@ def test_cost_model_keeps_speculating_where_drafting_pays():
     from speclab.time_model import CostTable
 
     cheap = CostTable({1: 0.1, 2: 0.12}, {k: 1.0 for k in range(1, 11)})
-    p = CostModelK(0.1, 1.0, k_min=0, k_max=10, table=cheap, estimator="positions")
+    p = CostModelK(0.1, 1.0, k_min=0, k_max=10, decay=0.7, table=cheap, estimator="positions")
     for _ in range(10):
         assert p.k >= 1
         p.update(p.k, p.k)
@@ -144,7 +146,8 @@ def test_cost_model_with_plain_steps_keeps_output_exact(tiny_pair):
     target, useless = tiny_pair
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])
-        pol = CostModelK(0.9, 1.0, k_min=0, k_max=6, table=_dear_table(), estimator="positions", probe_every=3)
+        pol = CostModelK(0.9, 1.0, k_min=0, k_max=6, decay=0.7, table=_dear_table(), estimator="positions",
+                         probe_every=3)
         res = speculative_generate(target, ModelDrafter(useless), ids, 40, k=pol)
         assert res.tokens == plain_greedy(target, ids, 40).tokens
         ks = [it.k for it in res.iterations]
@@ -232,7 +235,7 @@ def test_conditioned_policy_keeps_one_estimate_per_label():
 
     def make(label):
         made.append(label)
-        return CostModelK(0.0, {k: 1.0 + 0.05 * k for k in range(1, 11)}, k_min=1, k_max=10)
+        return CostModelK(0.0, {k: 1.0 + 0.05 * k for k in range(1, 11)}, k_min=1, k_max=10, decay=0.7)
 
     p = ConditionedK(make)
     for _ in range(6):  # label 3: every proposal accepted; label 1: none
@@ -263,7 +266,7 @@ def test_conditioned_cost_model_is_exact_and_prices_labels_apart(tiny_pair):
         labels = set()
         for prompt in PROMPTS:
             ids = torch.tensor([prompt])
-            pol = ConditionedK(lambda label: CostModelK(0.0, free.verify, k_min=0, k_max=8, table=free,
+            pol = ConditionedK(lambda label: CostModelK(0.0, free.verify, k_min=0, k_max=8, decay=0.7, table=free,
                                                         estimator="positions"))
             res = speculative_generate(target, drafter, ids, 40, k=pol)
             assert res.tokens == plain_greedy(target, ids, 40).tokens
@@ -293,7 +296,7 @@ def test_conditioned_policy_keeps_the_sampling_distribution():
     table = CostTable({1: 0.1, 2: 0.12}, {k: 1.0 for k in range(1, 5)})
     g, counts, ks = torch.Generator().manual_seed(7), np.zeros(V * V), set()
     for _ in range(1500):
-        pol = ConditionedK(lambda label: CostModelK(0.1, table.verify, k_min=1, k_max=4, table=table,
+        pol = ConditionedK(lambda label: CostModelK(0.1, table.verify, k_min=1, k_max=4, decay=0.7, table=table,
                                                     estimator="positions"))
         res = speculative_generate(target, HybridDrafter(draft), prompt, 3, k=pol, sampling=cfg, generator=g)
         counts[res.tokens[0] * V + res.tokens[1]] += 1

@@ -166,7 +166,7 @@ def test_integral_policy_bounds_become_plain_ints():
     assert type(FixedK(np.int64(2)).k) is int
     h = HeuristicK(k_start=np.int64(2), k_min=np.int32(1), k_max=np.int64(5))
     assert (h.k_start, h.k_min, h.k_max) == (2, 1, 5) and all(type(v) is int for v in (h.k_start, h.k_min, h.k_max))
-    c = CostModelK(0.1, k_min=np.int64(1), k_max=np.int64(6))
+    c = CostModelK(0.1, k_min=np.int64(1), k_max=np.int64(6), decay=0.7)
     assert type(c.k_max) is int and 1 <= c.k <= 6
 
 

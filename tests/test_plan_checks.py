@@ -116,8 +116,11 @@ def test_recommended_runs_count_only_under_the_plan_their_job_followed():
 
 
 def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_free(tmp_path):
+    from hydra.utils import get_class
+
     from pipeline.stages.acceptance import configurations
-    from pipeline.strategies import for_drafter
+    from pipeline.strategies import drafter_conf
+    from speclab.strategy import Prices, drafts_with_model
     from speclab.time_model import CostTable
     from tests.pipeline_helpers import make_cfg
 
@@ -127,6 +130,10 @@ def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_fr
     default = configurations(make_cfg(tmp_path, "stage=acceptance", "stage.ks=[2]", "stage.k_policies=[cost_model]"))
     assert default[-1] == ("model", "cost_model", 4)  # no policy_drafters: the job's own drafter
     table = CostTable({1: 0.7, 2: 0.8}, {1: 1.1, 2: 1.2})
+
+    def for_drafter(table: CostTable, drafter: str, label: object = None) -> CostTable:
+        return Prices(table, drafts_with_model(get_class(drafter_conf(cfg, drafter)._target_))).table_for(label)
+
     assert for_drafter(table, "prompt_lookup").draft == {1: 0.0, 2: 0.0}
     assert for_drafter(table, "hybrid", 3).draft == {1: 0.0, 2: 0.0}  # a lookup iteration of the hybrid
     assert for_drafter(table, "hybrid", "model") == table == for_drafter(table, "model")
@@ -136,12 +143,13 @@ def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_fr
 def test_free_proposals_keep_being_checked_where_a_paid_draft_stops(tmp_path):
     """With free_k_min 1 the policy keeps checking lookup matches (and a hybrid's lookup iterations)
     after rejections that make it stop paying the draft model; null gives the older k_min 0 for both."""
-    from types import SimpleNamespace
-
     from omegaconf import OmegaConf
 
+    from hydra.utils import get_class
+
     from pipeline.jobs import config_hash
-    from pipeline.strategies import make_policy
+    from pipeline.strategies import drafter_conf, policy_conf, policy_spec
+    from speclab.strategy import Prices, drafts_with_model
     from speclab.time_model import CostTable
     from tests.pipeline_helpers import make_cfg
 
@@ -149,7 +157,8 @@ def test_free_proposals_keep_being_checked_where_a_paid_draft_stops(tmp_path):
     table = CostTable({1: 0.9, 2: 1.0}, {k: 1.3 + 0.05 * k for k in range(1, 11)})
 
     def ks_after_rejections(cfg, drafter: str, label: object) -> list[int]:
-        pol = make_policy(SimpleNamespace(cfg=cfg), "cost_model", 4, costs=table, drafter=drafter)
+        prices = Prices(table, drafts_with_model(get_class(drafter_conf(cfg, drafter)._target_)))
+        pol = policy_spec(policy_conf(cfg, "cost_model")).build(4, prices)
         pol.condition(label)
         ks = []
         for _ in range(6):

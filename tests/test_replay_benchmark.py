@@ -18,8 +18,8 @@ def test_replay_iterations_equal_the_loop(tiny_pair):
     def policies():
         yield FixedK(2)
         for k_min in (0, 1):
-            yield ConditionedK(lambda label, k_min=k_min: CostModelK(0.0, free.verify, k_min=k_min, table=free,
-                                                                     estimator="positions"))
+            yield ConditionedK(lambda label, k_min=k_min: CostModelK(0.0, free.verify, k_min=k_min, decay=0.7,
+                                                                     table=free, estimator="positions"))
 
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])

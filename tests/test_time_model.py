@@ -111,8 +111,8 @@ def test_cost_table_prices_the_catch_up_and_a_jagged_check():
 
 def test_cost_model_policy_uses_the_table():
     jagged = CostTable({1: 0.1, 2: 0.1}, {1: 1.0, 2: 1.0, 3: 1.0, 4: 3.0, 5: 3.0, 6: 3.0})
-    with_table = CostModelK(0.1, jagged.verify, k_max=6, alpha0=0.9, table=jagged)
-    without = CostModelK(0.1, 1.0, k_max=6, alpha0=0.9)
+    with_table = CostModelK(0.1, jagged.verify, k_min=1, k_max=6, decay=0.7, alpha0=0.9, table=jagged, estimator="iid")
+    without = CostModelK(0.1, 1.0, k_min=1, k_max=6, decay=0.7, alpha0=0.9)
     assert with_table.k == 3 and without.k == 6
 
 
@@ -123,7 +123,7 @@ def test_iid_speedup_is_the_chapter_formula():
 def test_positional_estimator_prices_bursts_that_one_alpha_averages_away():
     # Runs of agreement: either the first proposal is rejected, or all eight are accepted.
     table = CostTable({1: 0.5, 2: 0.55}, {k: 1.6 + 0.04 * k for k in range(1, 9)})
-    p = CostModelK(0.5, table.verify, k_max=8, decay=0.95, table=table, estimator="positions")
+    p = CostModelK(0.5, table.verify, k_min=1, k_max=8, decay=0.95, table=table, estimator="positions")
     for proposed, accepted in [(8, 8), (8, 0), (8, 0)] * 6:
         p.update(proposed, accepted)
     surv = p.survival()

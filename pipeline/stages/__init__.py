@@ -1,14 +1,20 @@
-"""One module per stage. Each exposes ``SCHEMA`` (its Parquet schema), ``run(ctx) -> StageOutput`` and
+"""One module per stage. Each exposes ``SCHEMA`` (its Parquet schema), ``run(ctx) -> StageOutput``,
 ``summarize(rows, cfg) -> StageOutput`` (the headline numbers of a result, also used to log a run from
-its file)."""
+its file) and ``describe(cfg) -> str`` (its run's name)."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import pandas as pd
 
 STAGES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch", "plan")
+
+
+def stage_module(part: str) -> ModuleType:
+    return importlib.import_module(f"pipeline.stages.{part}")
 
 
 @dataclass

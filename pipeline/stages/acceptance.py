@@ -9,8 +9,7 @@ from tqdm import tqdm
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
-from pipeline.strategies import make_drafter, make_policy
-from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, sampling_config, stage_ks
+from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, ks_label, run_name, sampling_config, stage_ks
 from speclab.acceptance import alpha_hat
 from speclab.cost_model import expected_tokens_per_iteration
 from speclab.loop import speculative_generate
@@ -68,12 +67,11 @@ def run(ctx: StageContext) -> StageOutput:
     gen = generator(ctx)
     rows = []
     for drafter_name, policy_name, k in configurations(cfg):
-        drafter = make_drafter(ctx, drafter_name)
         for prompt in tqdm(ctx.prompts, desc=f"acceptance {drafter_name} {policy_name} k={k}", leave=False):
             ids = ctx.inputs[prompt.id]
-            res = speculative_generate(pair.target, drafter, ids, int(cfg.max_new_tokens),
-                                       k=make_policy(ctx, policy_name, k, ctx.costs(), drafter_name), sampling=sampling,
-                                       eos_token_id=pair.eos_token_id, generator=gen)
+            s = ctx.strategy(k, drafter_name, policy_name)
+            res = speculative_generate(pair.target, s.drafter, ids, int(cfg.max_new_tokens), k=s.policy,
+                                       sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
             for i, it in enumerate(res.iterations):
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "drafter": drafter_name, "k_policy": policy_name,
@@ -86,6 +84,10 @@ def run(ctx: StageContext) -> StageOutput:
                              "prefill_s": res.prefill_s, "wall_s": res.wall_s})
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
+
+
+def describe(cfg: DictConfig) -> str:
+    return run_name(cfg, "acceptance", [ks_label(stage_ks(cfg, "acceptance_ks"))])
 
 
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:

@@ -18,7 +18,10 @@ from tqdm import tqdm
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, memory_columns, sampling_config
+from pipeline.stages.common import (
+    IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, memory_columns, rotated, run_name, sampling_config,
+    speedup_metrics, speedup_text,
+)
 from speclab.batch import BatchResult, batch_plain_generate, batch_speculative_generate
 from speclab.step_costs import pass_times
 
@@ -92,8 +95,7 @@ def run(ctx: StageContext) -> StageOutput:
             for s in tqdm(starts, desc=f"batch B={b} round {r}", leave=False):
                 group = [prompts[(s + i) % len(prompts)] for i in range(b)]
                 ids = [ctx.inputs[p.id] for p in group]
-                shift = (int(cfg.rotation) + int(cfg.round) + block) % len(arms)
-                order = arms[shift:] + arms[:shift]
+                order = rotated(arms, cfg, block)
                 results = {a: _generate(ctx, a[0], a[1], ids, n_new, sampling, gen) for a in order}
                 plain = results[("plain", 0)]
                 mem = memory_columns(ctx)
@@ -119,6 +121,10 @@ def _generate(ctx: StageContext, arm: str, k: int, ids: list, n_new: int, sampli
     return batch_speculative_generate(pair.target, pair.draft, ids, n_new, k, sampling, pair.eos_token_id, gen)
 
 
+def describe(cfg: DictConfig) -> str:
+    return run_name(cfg, "batch")
+
+
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """Per (B, k): speed-up over the adjacent batched plain run, throughput, alpha, layout overhead (child runs)."""
     runs, passes = df[df.measure == "run"], df[df.measure == "pass"]
@@ -133,18 +139,14 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                           + ", ".join(f"{int(n)}: {v:.2f}" for n, v in flat.items()) if flat is not None else ""))
         for k, sub in at_b[at_b.arm == "speculative"].groupby("k", sort=True):
             k = int(k)
-            m = {"speedup": sub.ratio_to_adjacent_plain.median(), "speedup_q25": sub.ratio_to_adjacent_plain.quantile(.25),
-                 "speedup_q75": sub.ratio_to_adjacent_plain.quantile(.75), "alpha": sub.acceptance_rate.mean(),
-                 "spec_tokens_per_s": sub.tokens_per_s.median(),
-                 "plain_tokens_per_s": plain[plain.block.isin(sub.block)].tokens_per_s.median(),
+            m = {**speedup_metrics(sub, plain), "alpha": sub.acceptance_rate.mean(),
                  "layout_share": sub.layout_share.median(), "masked_share": sub.masked_share.median(),
                  "dummy_share": sub.dummy_share.median(), "identical_share": sub.identical_to_plain.mean(),
                  "draft_ms_per_iter": 1e3 * sub.draft_s_per_iter.mean(),
                  "verify_ms_per_iter": 1e3 * sub.verify_s_per_iter.mean(), "runs": len(sub)}
             arms.append(ArmResult(f"B{b} k{k}", {"batch_size": int(b), "k": int(k), "kind": "all"}, m))
-            summary.append(f"  k={k}: speed-up {m['speedup']:.2f} (IQR {m['speedup_q25']:.2f}-{m['speedup_q75']:.2f}), "
-                           f"alpha {m['alpha']:.2f}, layout overhead {100 * m['layout_share']:.1f}% of iteration "
-                           f"time, masked share {100 * m['masked_share']:.1f}%, rows identical to batched plain "
+            summary.append(f"  k={k}: {speedup_text(m)}, alpha {m['alpha']:.2f}, layout overhead "
+                           f"{100 * m['layout_share']:.1f}% of iteration time, masked share {100 * m['masked_share']:.1f}%, rows identical to batched plain "
                            f"{m['identical_share']:.0%}")
     spec = runs[runs.arm == "speculative"]
     metrics = {"identical_share": spec.identical_to_plain.mean() if len(spec) else float("nan"),

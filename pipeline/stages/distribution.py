@@ -20,7 +20,7 @@ from tqdm import tqdm
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, identity, sampling_config
+from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name, sampling_config
 from speclab.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution
 from speclab.contexts import Context, max_tv_contexts, prompt_context
 from speclab.peer import hf_generate
@@ -41,12 +41,12 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
 
 def contexts_for(ctx: StageContext, ids: torch.Tensor, sampling: SamplingConfig) -> list[Context]:
     st, pair = ctx.cfg.stage, ctx.pair
-    mode = str(st.get("contexts", "prompt"))
+    mode = str(st.contexts)
     if mode == "prompt":
         return [prompt_context(pair.target, pair.draft, ids, sampling)]
     if mode == "max_tv":
         return max_tv_contexts(pair.target, pair.draft, ids, int(ctx.cfg.max_new_tokens),
-                               int(st.get("contexts_per_prompt", 2)), sampling)
+                               int(st.contexts_per_prompt), sampling)
     raise ValueError(f"stage.contexts={mode!r} is not allowed: use one of {list(CONTEXT_MODES)}")
 
 
@@ -74,7 +74,7 @@ def run(ctx: StageContext) -> StageOutput:
     # come from it, and greedy would make transformers' sampler (below) decode by arg-max.
     sampling = dataclasses.replace(sampling_config(cfg), do_sample=True)
     n, level, top = int(st.draws), float(st.alpha_level), int(st.top_tokens)
-    sims = int(st.get("power_sims", 200))
+    sims = int(st.power_sims)
     rows = []
 
     def record(prompt, c: Context, seed: int, rule: str, counts: np.ndarray, power: float) -> None:
@@ -82,7 +82,7 @@ def run(ctx: StageContext) -> StageOutput:
         expected_acc = float(torch.minimum(c.p, c.q).sum())
         no_power = expected_acc > float(st.no_power_acceptance)
         rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind,
-                     "context_mode": str(st.get("contexts", "prompt")), "context_position": c.position,
+                     "context_mode": str(st.contexts), "context_position": c.position,
                      "seed": seed, "rule": rule, "draws": int(counts.sum()), "temperature": sampling.temperature,
                      "top_k": sampling.top_k, "top_p": sampling.top_p, "statistic": res.statistic,
                      "pvalue": res.pvalue, "dof": res.dof, "total_variation": c.total_variation,
@@ -100,7 +100,7 @@ def run(ctx: StageContext) -> StageOutput:
                     counts = np.bincount(draws.cpu().numpy(), minlength=c.p.shape[0])
                     # For a wrong rule: the chance to catch it; for the correct rule: the weaker of the two.
                     record(prompt, c, int(seed), rule, counts, power.get(rule, min(power.values())))
-            if st.get("hf_conformance") and hf_done < int(st.get("hf_contexts", 1)):
+            if st.hf_conformance and hf_done < int(st.hf_contexts):
                 runs = int(st.hf_runs)
                 hf_power = power_against_wrong_rules(c, runs, level, sims, top)
                 record(prompt, c, 0, HF_RULE, hf_first_tokens(ctx, c, runs, sampling, int(cfg.seed)),
@@ -108,6 +108,10 @@ def run(ctx: StageContext) -> StageOutput:
                 hf_done += 1
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
+
+
+def describe(cfg: DictConfig) -> str:
+    return run_name(cfg, "distribution")
 
 
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
@@ -121,7 +125,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
         sub = powered[powered.rule == rule]
         if not len(sub):
             continue
-        arms.append(ArmResult(f"rule {rule}", {"rule": rule, "contexts": str(st.get("contexts", "prompt"))},
+        arms.append(ArmResult(f"rule {rule}", {"rule": rule, "contexts": str(st.contexts)},
                               {"rejection_rate": sub.rejected.mean(), "mean_power": sub.power.mean(),
                                "tests": len(sub), "min_pvalue": sub.pvalue.min()}))
         summary.append(f"  rule {rule:22s} rejected at p<{level} in {int(sub.rejected.sum())} of {len(sub)} tests "
@@ -129,7 +133,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     metrics["no_power_contexts"] = int(df[df.rule == "correct"].drop_duplicates(["prompt_id", "context_position"])
                                        .no_power.sum())
     summary.insert(0, f"{df[df.rule == 'correct'].drop_duplicates(['prompt_id', 'context_position']).shape[0]} "
-                      f"contexts ({st.get('contexts', 'prompt')}) x {len(st.seeds)} seeds x {n} draws; "
+                      f"contexts ({st.contexts}) x {len(st.seeds)} seeds x {n} draws; "
                       f"{metrics['no_power_contexts']} contexts have no power (expected acceptance > "
                       f"{st.no_power_acceptance}); TV(p, q) {df.total_variation.min():.2f}..{df.total_variation.max():.2f}")
     return StageOutput(df, metrics, summary, arms)

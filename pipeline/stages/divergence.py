@@ -9,8 +9,7 @@ from tqdm import tqdm
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.strategies import make_drafter, make_policy
-from pipeline.stages.common import IDENTITY_FIELDS, identity, stage_ks
+from pipeline.stages.common import IDENTITY_FIELDS, identity, ks_label, run_name, stage_ks
 from speclab.divergence import classify, first_difference, recompute_logits
 from speclab.loop import plain_greedy, speculative_generate
 
@@ -56,13 +55,17 @@ def run(ctx: StageContext) -> StageOutput:
             ids = ctx.inputs[prompt.id]
             plain = plain_greedy(pair.target, ids, n_new, pair.eos_token_id).tokens
             for k in ks:
-                spec = speculative_generate(pair.target, make_drafter(ctx), ids, n_new,
-                                            k=make_policy(ctx, str(cfg.k_policy.name), k, ctx.costs()),
+                s = ctx.strategy(k)
+                spec = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy,
                                             eos_token_id=pair.eos_token_id).tokens
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "round": int(cfg.round) + r, **analyse(ctx, ids, plain, spec, k)})
     df = pd.DataFrame(rows, columns=SCHEMA.names)
     return summarize(df, cfg)
+
+
+def describe(cfg: DictConfig) -> str:
+    return run_name(cfg, "divergence", [ks_label(stage_ks(cfg))])
 
 
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:

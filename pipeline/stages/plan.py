@@ -14,7 +14,7 @@ from pipeline.jobs import output_path
 from pipeline.parquet import make_schema
 from pipeline.planning import calibrate, predict_runs, recommend
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, identity
+from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("kind", "string"), ("drafter", "string"), ("k_policy", "string"), ("k", "int32"), ("prompts", "int32"),
@@ -42,7 +42,11 @@ def run(ctx: StageContext) -> StageOutput:
     return summarize(rows, cfg)
 
 
-def describe(r) -> str:
+def describe(cfg: DictConfig) -> str:
+    return run_name(cfg, "plan")
+
+
+def choice_text(r) -> str:
     if r.drafter == "none":
         return "plain decoding (no speculation)"
     policy = "" if r.k_policy == "fixed" else f" {r.k_policy}"
@@ -63,10 +67,10 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                                "predicted_hi": best.predicted_hi, "prompts": int(best.prompts),
                                "worst_ratio": best.worst_ratio}))
         metrics[f"predicted_speedup_{kind}"] = float(best.predicted)
-        summary.append(f"{kind}: recommended {describe(best)}: predicted speed-up {best.predicted:.2f} "
+        summary.append(f"{kind}: recommended {choice_text(best)}: predicted speed-up {best.predicted:.2f} "
                        f"({100 * best.level:.0f}% interval {best.predicted_lo:.2f}-{best.predicted_hi:.2f}, "
                        f"{best.prompts} prompts; {best.chosen_by})"
-                       + (f"; highest other median {describe(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
+                       + (f"; highest other median {choice_text(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
                        + (f"; best draft-model fixed k={int(fixed.loc[fixed.predicted.idxmax()].k)} "
                           f"{fixed.predicted.max():.2f}" if len(fixed) else ""))
     summary.append("print it any time with: python -m analysis.recommend")

@@ -6,6 +6,7 @@ them and detect drift; each speculative run also records its per-iteration time 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -16,9 +17,9 @@ from pipeline.context import StageContext
 from pipeline.job_inputs import find_best_fixed, latest_plan_file
 from pipeline.parquet import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
-from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import (
-    IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, memory_columns, sampling_config, stage_ks,
+    IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, ks_label, memory_columns, rotated, run_name, sampling_config,
+    speedup_metrics, speedup_text, stage_ks,
 )
 from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
@@ -51,7 +52,7 @@ def step_times(ctx: StageContext, ks: list[int], progress: str | None = None) ->
 
 def block_step_times(ctx: StageContext, ids) -> dict[str, float]:
     """Target and draft one-token step after this prompt, timed now (median of the configured repeats)."""
-    repeats = int(ctx.cfg.stage.get("block_timing_repeats", 0))
+    repeats = int(ctx.cfg.stage.block_timing_repeats)
     if not repeats:
         return dict.fromkeys(BLOCK_STEP_FIELDS, float("nan"))
     c = step_costs(ctx.pair.target, ctx.pair.draft, ids, [], repeats, warmup=1)
@@ -75,33 +76,54 @@ def _breakdown(res: GenerationResult) -> dict[str, float]:
 # library's defaults, and its prompt lookup.
 PEER_ARMS = {"matched": "hf_assisted", "default": "hf_default", "lookup": "hf_lookup"}
 PEER_MODES_BY_ARM = {arm: mode for mode, arm in PEER_ARMS.items()}
-# (method, k, k policy, drafter); k = 0 for plain, the starting k for adaptive policies. The
-# recommended arm's k, policy and drafter are the plan's for the prompt's kind ("plan" until then).
-Arm = tuple[str, int, str, str]
-RECOMMENDED: Arm = ("recommended", 0, "plan", "plan")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One compared configuration of a speed job: ``method`` is plain, speculative, recommended or a peer
+    arm (``PEER_ARMS``); ``k`` a fixed k or where an adaptive policy starts, None where the arm has no k
+    of ours (plain decoding, the library's own schedule, the recommended arm before a prompt's kind
+    picks the plan's configuration). Its Parquet columns write no k as 0."""
+
+    method: str
+    k: int | None = None
+    k_policy: str = "none"
+    drafter: str = "none"
+
+    @property
+    def ours(self) -> bool:
+        """Run by our loop with a drafter and k policy of the config (not plain, not a peer, not the plan's yet)."""
+        return self.method in ("speculative", "recommended") and self.drafter not in ("none", "plan")
+
+    def columns(self) -> dict:
+        return {"k": self.k or 0, "k_policy": self.k_policy, "drafter": self.drafter}
+
+
+PLAIN = Arm("plain")
+RECOMMENDED = Arm("recommended", None, "plan", "plan")  # the plan's choice for the prompt's kind
 
 
 def arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
     """Plain, speculative at each fixed k, each adaptive k policy, the other drafters, the plan's
     recommendation and (optionally) the peer."""
     st, default, drafter = ctx.cfg.stage, str(ctx.cfg.k_policy.name), str(ctx.cfg.drafter.name)
-    out: list[Arm] = [("plain", 0, "none", "none")]
-    if st.get("best_fixed"):  # the exploratory check's best, named now: it replaces the job's own k arms
+    out = [PLAIN]
+    if st.best_fixed:  # the exploratory check's best, named now: it replaces the job's own k arms
         best = campaign_best_fixed(ctx.cfg)
-        out.append(("speculative", best.k, "fixed", best.drafter))
+        out.append(Arm("speculative", best.k, "fixed", best.drafter))
     else:
-        out += [("speculative", k, default, drafter) for k in ks]
-    out += [("speculative", int(ctx.cfg.k), str(p), drafter) for p in st.get("k_policies") or [] if p != default]
-    out += [("speculative", k, "fixed", str(d)) for d in st.get("drafters") or [] if d != drafter
-            for k in [int(x) for x in st.get("drafter_ks") or []] or ks]
-    if st.get("recommended"):
+        out += [Arm("speculative", k, default, drafter) for k in ks]
+    out += [Arm("speculative", int(ctx.cfg.k), str(p), drafter) for p in st.k_policies if p != default]
+    out += [Arm("speculative", k, "fixed", str(d)) for d in st.drafters if d != drafter
+            for k in [int(x) for x in st.drafter_ks] or ks]
+    if st.recommended:
         out.append(RECOMMENDED)
     if st.peer:
-        for mode in st.get("peer_modes") or ["matched"]:
+        for mode in st.peer_modes:
             method = PEER_ARMS[mode]
-            # The library's default schedule picks its own number of proposals: k = 0 marks "not ours".
-            out += ([(method, 0, "library_default", "model")] if mode == "default" else
-                    [(method, k, "fixed", "prompt_lookup" if mode == "lookup" else "model") for k in ks])
+            # The library's default schedule picks its own number of proposals.
+            out += ([Arm(method, None, "library_default", "model")] if mode == "default" else
+                    [Arm(method, k, "fixed", "prompt_lookup" if mode == "lookup" else "model") for k in ks])
     return out
 
 
@@ -115,18 +137,18 @@ def resolve(arm: Arm, kind: str, plan: dict[str, Arm] | None) -> Arm:
 
 def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, float, dict]:
     pair = ctx.pair
-    (method, k, policy, drafter), n_new, sampling = arm, int(ctx.cfg.max_new_tokens), sampling_config(ctx.cfg)
-    if method == "plain" or drafter == "none":  # the plan may recommend not speculating
+    n_new, sampling = int(ctx.cfg.max_new_tokens), sampling_config(ctx.cfg)
+    if arm.ours:
+        s = ctx.strategy(arm.k, arm.drafter, arm.k_policy)
+        r = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy, sampling=sampling,
+                                 eos_token_id=pair.eos_token_id, generator=gen)
+        return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
+    if arm.method not in PEER_MODES_BY_ARM:  # plain, or a plan that recommends not speculating
         r = plain_generate(pair.target, ids, n_new, sampling, pair.eos_token_id, gen)
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
-    if method in ("speculative", "recommended"):
-        r = speculative_generate(pair.target, make_drafter(ctx, drafter), ids, n_new,
-                                 k=make_policy(ctx, policy, k, ctx.costs(), drafter),
-                                 sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
-        return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
-    mode = PEER_MODES_BY_ARM[method]
-    toks, wall = hf_generate(pair.target, ids, n_new, assistant=None if mode == "lookup" else pair.draft, k=k,
-                             sampling=sampling, eos_token_id=pair.eos_token_id, mode=mode)
+    mode = PEER_MODES_BY_ARM[arm.method]
+    toks, wall = hf_generate(pair.target, ids, n_new, assistant=None if mode == "lookup" else pair.draft,
+                             k=arm.k or 0, sampling=sampling, eos_token_id=pair.eos_token_id, mode=mode)
     return toks, wall, float("nan"), _breakdown(GenerationResult(toks, ids.shape[1], wall, float("nan")))
 
 
@@ -135,34 +157,33 @@ def run(ctx: StageContext) -> StageOutput:
     ks, sampling = stage_ks(cfg), sampling_config(cfg)
     names = arms(ctx, ks)
     plan = latest_plan(ctx.cfg) if RECOMMENDED in names else None
+    runs = [*names, *(plan or {}).values()]
     gen = generator(ctx)
-    # Measured before the runs when an adaptive policy (the job's or the plan's) needs them.
-    ctx.costs(needed=any(a[2] == "cost_model" for a in (plan or {}).values()))
+    for arm in runs:  # a price table an adaptive policy (the job's or the plan's) reads: measured before the runs
+        if arm.ours:
+            ctx.prices(arm.k_policy)
     log.info("speed: warm-up (plain and the first speculative arm on one prompt)")
     for arm in tqdm(names[:2], desc="speed warm-up", leave=False):
         run_arm(ctx, arm, ctx.inputs[ctx.prompts[0].id], gen)
-    arm_ks = sorted({k for _, k, _, _ in names if k} | {k for a in (plan or {}).values() for k in [a[1]] if k})
+    arm_ks = sorted({arm.k for arm in runs if arm.k})
     log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
     before = step_times(ctx, arm_ks, "step times before")
     rows, block = [], 0
     for r in range(int(st.rounds)):
         for prompt in tqdm(ctx.prompts, desc=f"speed {len(names)} arms round {r}", leave=False):
-            # Rotate which arm goes first so slow drift cannot favour one arm systematically.
-            shift = (int(cfg.rotation) + int(cfg.round) + block) % len(names)
-            order = names[shift:] + names[:shift]
+            order = rotated(names, cfg, block)
             ids = ctx.inputs[prompt.id]
             now = block_step_times(ctx, ids)
             results = {arm: run_arm(ctx, resolve(arm, prompt.kind, plan), ids, gen) for arm in order}
-            plain_tokens, plain_wall = results[names[0]][:2]
+            plain_tokens, plain_wall = results[PLAIN][:2]
             plain_tps = len(plain_tokens) / plain_wall
             mem = memory_columns(ctx)
             for arm in order:
                 toks, wall, prefill, extra = results[arm]
                 tps = len(toks) / wall
-                _, k, policy, drafter = resolve(arm, prompt.kind, plan)
                 rows.append({**identity(ctx), "round": int(cfg.round) + r, "rotation": int(cfg.rotation),
-                             "block": block, "prompt_id": prompt.id, "kind": prompt.kind, "arm": arm[0],
-                             "position": order.index(arm), "k": k, "k_policy": policy, "drafter": drafter,
+                             "block": block, "prompt_id": prompt.id, "kind": prompt.kind, "arm": arm.method,
+                             "position": order.index(arm), **resolve(arm, prompt.kind, plan).columns(),
                              "do_sample": sampling.do_sample,
                              "temperature": sampling.temperature, "top_p": sampling.top_p,
                              "new_tokens": len(toks), "wall_s": wall, "prefill_s": prefill, "tokens_per_s": tps,
@@ -179,6 +200,13 @@ def run(ctx: StageContext) -> StageOutput:
     return summarize(df, cfg)
 
 
+def describe(cfg: DictConfig) -> str:
+    st = cfg.stage
+    # The best fixed configuration's k is the exploratory check's, not the job's.
+    return run_name(cfg, "speed", ["best-fixed"] if st.best_fixed else [ks_label(stage_ks(cfg))],
+                    ["+recommended"] if st.recommended else [])
+
+
 def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
     """kind -> the recommended configuration of this pair's most recent plan in this campaign."""
     plan = latest_plan_file(cfg)
@@ -187,7 +215,8 @@ def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
                          f"run `python -m pipeline.run +sweep=plan campaign={cfg.campaign}` first")
     rec = pd.read_parquet(plan)
     rec = rec[rec.recommended]
-    return {str(r.kind): ("recommended", int(r.k), str(r.k_policy), str(r.drafter)) for r in rec.itertuples()}
+    return {str(r.kind): Arm("recommended", int(r.k) or None, str(r.k_policy), str(r.drafter))
+            for r in rec.itertuples()}
 
 
 def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
@@ -208,7 +237,7 @@ def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
 def _arm_name(method: str, k: int, policy: str, drafter: str, kind: str) -> str:
     # An adaptive policy's k is where it starts (the heuristic) or nothing at all (the cost model, the
     # library's schedule): naming it "k4" would file it beside fixed k = 4 in MLflow's compare view.
-    ks = {"fixed": [f"k{k}"], "heuristic": [f"from-k{k}"]}.get(policy, [])
+    ks = [f"k{k}"] if policy == "fixed" else [f"from-k{k}"] if policy == "heuristic" else []
     return " ".join([method, *ks, *([policy] if policy != "fixed" else []),
                      *([drafter] if drafter not in ("model", "none") else []), kind])
 
@@ -223,16 +252,12 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     for (method, k, policy, drafter), sub in df[df.arm != "plain"].groupby(["arm", "k", "k_policy", "drafter"],
                                                                            sort=False):
         for kind, s in by_kind(sub):
-            ratio = s.ratio_to_adjacent_plain
             arms.append(ArmResult(
                 _arm_name(method, int(k), policy, drafter, kind),
                 {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
                  "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
                  "top_p": float(s.top_p.iloc[0])},
-                {"speedup": ratio.median(), "speedup_q25": ratio.quantile(0.25), "speedup_q75": ratio.quantile(0.75),
-                 "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
-                 "spec_tokens_per_s": s.tokens_per_s.median(),
-                 "plain_tokens_per_s": plain[plain.block.isin(s.block)].tokens_per_s.median(),
+                {**speedup_metrics(s, plain), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s)}))
@@ -248,8 +273,8 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                f"draft {1e3 * before[1]:.1f}/{1e3 * after[1]:.1f} ms (drift x{drift:.2f})"]
     for arm in arms:
         m = arm.metrics
-        summary.append(f"{arm.name}: speed-up {m['speedup']:.2f} (IQR {m['speedup_q25']:.2f}-{m['speedup_q75']:.2f}), "
-                       f"alpha {m['alpha']:.2f}, {m['spec_tokens_per_s']:.1f} vs {m['plain_tokens_per_s']:.1f} tok/s; "
+        summary.append(f"{arm.name}: {speedup_text(m)}, alpha {m['alpha']:.2f}, "
+                       f"{m['spec_tokens_per_s']:.1f} vs {m['plain_tokens_per_s']:.1f} tok/s; "
                        f"per iteration draft {m['draft_ms_per_iter']:.1f} ms, verify {m['verify_ms_per_iter']:.1f} ms, "
                        f"rollback {m['rollback_ms_per_iter']:.2f} ms, bookkeeping {m['bookkeeping_ms_per_iter']:.2f} ms")
     return StageOutput(df, metrics, summary, arms)

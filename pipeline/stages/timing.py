@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 from pipeline.context import StageContext
 from pipeline.parquet import make_schema
 from pipeline.stages import StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns
+from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns, run_name
 from speclab.step_costs import pass_times, prefill_times
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
@@ -22,7 +22,7 @@ def run(ctx: StageContext) -> StageOutput:
     st = ctx.cfg.stage
     lengths = [int(n) for n in st.pass_lengths]
     rows = []
-    extras = [int(e) for e in st.get("context_extra") or [0]]
+    extras = [int(e) for e in st.context_extra]
     for prompt in ctx.prompts[: int(st.prompts_to_time)]:
         ids = ctx.inputs[prompt.id]
         n = ids.shape[1]
@@ -30,7 +30,7 @@ def run(ctx: StageContext) -> StageOutput:
             mem = memory_columns(ctx)  # where the weights are when this time is taken
             timed = [(n + e, t) for e in extras
                      for t in pass_times(model, ids, lengths, int(st.repeats), int(st.warmup), context_extra=e)]
-            if st.get("prefill"):
+            if st.prefill:
                 # Context 0: a prefill of the first pass_len prompt tokens (n - 1 in the loop, n in plain decoding).
                 timed += [(0, t) for t in prefill_times(model, ids, sorted({max(n - 1, 1), n}), int(st.repeats),
                                                         int(st.warmup))]
@@ -41,6 +41,10 @@ def run(ctx: StageContext) -> StageOutput:
                              "samples": t.samples, **mem})
     df = pd.DataFrame(rows)
     return summarize(df, ctx.cfg)
+
+
+def describe(cfg: DictConfig) -> str:
+    return run_name(cfg, "timing")
 
 
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:

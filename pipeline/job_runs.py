@@ -1,0 +1,120 @@
+"""A job's MLflow runs: its parent run (a single job's own, or the multirun's), one run per stage
+named by the stage's ``describe``, one child run per compared arm, and the record the job leaves in
+its Hydra folder for the multirun's summary table."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from pipeline.jobs import run_identity
+from pipeline.parquet import read_meta
+from pipeline.stages import STAGES, StageOutput, stage_module
+from pipeline.stages.common import run_name
+from pipeline.summary import headline, write_job_record
+from pipeline.tracking import (
+    PARENT_ENV, Tracker, environment_tags, hydra_tags, machine_tags, resolved_config, run_params,
+)
+from speclab.models import resolve_device
+
+log = logging.getLogger("speclab")
+
+
+class JobRuns:
+    """The tracking side of one job: what its runs carry (tags, params, config) and how each ends."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.tracker = Tracker.for_config(cfg)
+        self.params, self.config = run_params(cfg), resolved_config(cfg)
+        self.records: list[dict] = []  # one per stage: how it ended, its file and headline numbers
+        self._tags: dict[str, str] | None = None
+        self._parent: str | None = os.environ.get(PARENT_ENV)  # the multirun's run, when there is one
+        self._own_parent = False
+
+    def tags(self) -> dict[str, str]:
+        if self._tags is None:
+            cfg = self.cfg
+            env = environment_tags(str(resolve_device(str(cfg.device))), str(cfg.pair.dtype))
+            commit = env.pop("git_commit")  # logged as MLflow's own source tag
+            self._tags = {**env, **machine_tags(), **hydra_tags(), "mlflow.source.git.commit": commit,
+                          "mlflow.source.name": "pipeline.run", "pair": str(cfg.pair.name),
+                          "prompts": ",".join(cfg.prompts.kinds)}
+        return self._tags
+
+    def git_commit(self) -> str:
+        return self.tags()["mlflow.source.git.commit"]
+
+    def parent(self) -> str | None:
+        """The run the job's stage runs hang under: the multirun's, or (a single job) one opened for the job."""
+        if self._parent is None and self.tracker.enabled and not self._own_parent:
+            self._own_parent = True
+            stage = str(self.cfg.stage.name)  # a stage option named like a part is described like it
+            own = stage_module(stage).describe(self.cfg) if stage in STAGES else run_name(self.cfg, stage)
+            self._parent = self.tracker.start(f"job {stage} · {own.split(' ', 1)[1]}",
+                                              {"stage": "job", "campaign": str(self.cfg.campaign)},
+                                              {**self.tags(), "level": "job"}, self.params)
+        return self._parent
+
+    def close_stale(self, part: str) -> None:
+        self.tracker.close_stale_runs(run_identity(self.cfg, part))
+
+    def logged(self, part: str) -> bool:
+        """Whether the stage's finished run is in MLflow (with tracking off there is nothing to log)."""
+        return not self.tracker.enabled or self.tracker.has_finished_run(run_identity(self.cfg, part))
+
+    @contextmanager
+    def stage_run(self, part: str) -> Iterator[str | None]:
+        """The stage's run, open while the block computes (``Tracker.open_run``)."""
+        with self.tracker.open_run(stage_module(part).describe(self.cfg), run_identity(self.cfg, part),
+                                   self.tags(), self.params, self.parent()) as run_id:
+            yield run_id
+
+    def finish(self, run_id: str | None, part: str, out: StageOutput, path: Path) -> bool:
+        """The stage run's metrics, files and description, and one child run per compared arm."""
+        self.tracker.log_arms(run_id, out.arms, run_identity(self.cfg, part), self.tags(),
+                              f"{part} {{arm}} r{self.cfg.round} {self.cfg.pair.name}")
+        return self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary)
+
+    def log_from_file(self, part: str, path: Path) -> None:
+        """The Parquet was written but its MLflow run never finished: log the run from the file."""
+        module = stage_module(part)
+        out = module.summarize(pd.read_parquet(path), self.cfg)
+        tags = {**self.tags(), "mlflow.source.git.commit": str(read_meta(path).get("git_commit") or "unknown"),
+                "logged_from_file": "true"}
+        run_id = self.tracker.start(module.describe(self.cfg), run_identity(self.cfg, part), tags, self.params,
+                                    self.parent())
+        if self.finish(run_id, part, out, path):
+            log.info(f"[{part}] {path} was complete but had no finished MLflow run: logged it from the file")
+        self.record(part, "logged from file", path, out.metrics)
+
+    def record(self, part: str, status: str, path: Path, metrics: dict | None = None) -> None:
+        self.records.append({"stage": part, "status": status, "file": str(path),
+                             "headline": headline(metrics) if metrics else ""})
+
+    def close(self, status: str, parts: list[str]) -> None:
+        """End the job's own parent run with the job's status, and leave the job's record."""
+        if self._own_parent and self._parent:
+            if status == "FINISHED":
+                lines = [f"{r['stage']}: {r['status']} {r['headline']}" for r in self.records]
+                self.tracker.finish(self._parent, {}, description=lines)
+            else:
+                self.tracker.end(self._parent, status)
+        self._write_record(status, parts)
+
+    def _write_record(self, status: str, parts: list[str]) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized():
+            return
+        hc = HydraConfig.get()
+        done = {r["stage"] for r in self.records}
+        write_job_record(Path(hc.runtime.output_dir), {
+            "job": hc.job.num if hc.mode == RunMode.MULTIRUN else 0, "overrides": " ".join(hc.overrides.task),
+            "parts": self.records + [{"stage": p, "status": status.lower()} for p in parts if p not in done]})
