@@ -33,7 +33,7 @@ def _hydra_line(err: BaseException) -> str:
         value = _override_value(err, base)
         typ = re.search(r"converted to (\w+)|not a valid (bool)", str(cause))
         word = (typ.group(1) or "Boolean") if typ else ""
-        allowed = CHECKS[base][1] if base in CHECKS else TYPE_WORDS.get(word, "another value")
+        allowed = CHECKS[base][1] if base in CHECKS else TYPE_WORDS[word] if word in TYPE_WORDS else "another value"
         shown = repr(value) if value is not None else f"(value {_collapse(cause.msg)})"
         return f"{base}={shown} is not allowed: use {allowed}"
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and key:

@@ -117,4 +117,5 @@ class JobRuns:
         done = {r["stage"] for r in self.records}
         write_job_record(Path(hc.runtime.output_dir), {
             "job": hc.job.num if hc.mode == RunMode.MULTIRUN else 0, "overrides": " ".join(hc.overrides.task),
-            "parts": self.records + [{"stage": p, "status": status.lower()} for p in parts if p not in done]})
+            "parts": self.records + [{"stage": p, "status": status.lower(), "file": "", "headline": ""}
+                                     for p in parts if p not in done]})

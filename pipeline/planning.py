@@ -161,7 +161,7 @@ def recommend(pred: pd.DataFrame, samples: int = 1000, level: float = 0.9) -> pd
     out["rank"] = out.groupby("kind").predicted.rank(ascending=False, method="first").astype(int)
     cfg = pd.Series(list(zip(*(out[c] for c in CONFIG_KEYS))), index=out.index)
     worst = worst_ratios(pred)
-    out["worst_ratio"] = [float(worst.get(key, np.nan)) for key in cfg]
+    out["worst_ratio"] = [float(worst[key]) if key in worst.index else np.nan for key in cfg]
     # The robust choice: best worst case, then the higher pooled median.
     everywhere = out[out.kind == ("all" if "all" in set(out.kind) else out.kind.iloc[0])]
     robust_at = everywhere.sort_values(["worst_ratio", "predicted"], ascending=False).index[0]

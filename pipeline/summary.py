@@ -29,10 +29,9 @@ def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = 
     rows = []
     for path in sorted(sweep_dir.glob(f"*/{RECORD}"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
         record = json.loads(path.read_text())
-        for part in record.get("parts", []):
-            rows.append({"job": record.get("job"), "stage": part["stage"], "status": part["status"],
-                         "overrides": record.get("overrides", ""), "headline": part.get("headline", ""),
-                         "file": part.get("file", "")})
+        for part in record["parts"]:
+            rows.append({"job": record["job"], "stage": part["stage"], "status": part["status"],
+                         "overrides": record["overrides"], "headline": part["headline"], "file": part["file"]})
     table = pd.DataFrame(rows, columns=["job", "stage", "status", "overrides", "headline", "file"])
     # The overrides every job shares say nothing about a row: keep what the sweep varied.
     common = set.intersection(*(set(o.split()) for o in table.overrides)) if len(table) else set()

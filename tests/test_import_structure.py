@@ -1,0 +1,112 @@
+"""The packages' import structure: every module of pipeline/ and analysis/ imports on its own, and no
+two modules of our packages import each other (directly or around a longer loop), whether at module
+level or inside a function."""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = tuple(p for p in ("speclab", "pipeline", "analysis", "store") if (ROOT / p / "__init__.py").is_file())
+
+
+def modules(package: str) -> list[str]:
+    names = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+ALL = [m for p in PACKAGES for m in modules(p)]
+
+
+def _is_package(module: str) -> bool:
+    return (ROOT / Path(*module.split(".")) / "__init__.py").is_file()
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base if _is_package(module) else base[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(module: str) -> set[str]:
+    """Our modules that ``module`` imports anywhere (module level or in a function), but under
+    ``if TYPE_CHECKING:``, which never runs."""
+    path = ROOT / Path(*module.split("."))
+    path = path / "__init__.py" if _is_package(module) else path.with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+               and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+               for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node)
+            # `from pkg import module` imports that module; `from module import name` the module itself.
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in ALL else base for a in node.names}
+    return {name for name in found if name in ALL and name != module}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_our_modules():
+    loop = cycle({m: imports(m) for m in ALL})
+    assert loop is None, "import cycle: " + " -> ".join(loop)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+    # a function-level import counts: pipeline.jobs -> pipeline.job_inputs in either place
+    assert "pipeline.job_inputs" in imports("pipeline.jobs")
+
+
+def _import_alone(module: str) -> tuple[str, int, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=env)
+    return module, res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
+
+
+@pytest.mark.parametrize("package", ["pipeline", "analysis"])
+def test_every_module_imports_alone(package):
+    """Each module in a fresh interpreter: an import that only works after another module was loaded fails here."""
+    with ThreadPoolExecutor(2) as pool:
+        failed = [(m, err) for m, rc, err in pool.map(_import_alone, modules(package)) if rc]
+    assert not failed, failed
