@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -212,9 +213,16 @@ class SpeclabConf:
 
 # The options of the drafter and k_policy groups, by name: their schemas, and the defaults of an extra
 # arm (``stage.drafters``, ``stage.k_policies``) that names another option than the job's.
-DRAFTERS = {"model": ModelDrafterConf, "prompt_lookup": PromptLookupConf, "hybrid": HybridConf}
-K_POLICIES = {"fixed": FixedKConf, "cost_model": CostModelKConf, "heuristic": HeuristicKConf}
-EXTRA_POLICIES = ("cost_model", "heuristic")  # the adaptive ones, which stage.k_policies may add
+DRAFTERS = {conf.name: conf for conf in (ModelDrafterConf, PromptLookupConf, HybridConf)}
+K_POLICIES = {conf.name: conf for conf in (FixedKConf, CostModelKConf, HeuristicKConf)}
+EXTRA_POLICIES = tuple(name for name in K_POLICIES if name != FixedKConf.name)  # the adaptive ones (stage.k_policies)
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def options(group: str, schemas: dict[str, type]) -> list[str]:
+    """The group's options as the job's own: those with a schema here, and any option file a user added to
+    conf/<group>/ (its ``_target_`` names the class, its keys are the constructor's arguments)."""
+    return [*schemas, *sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if p.stem not in schemas)]
 
 
 def register() -> None:
@@ -292,11 +300,11 @@ CHECKS: dict[str, Check] = {
     "prompts.skip_per_kind": (_int_at_least(0)[0], "an integer >= 0 (prompts of each kind to leave out first)"),
     "sampling.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k filter)"),
     "sampling.top_p": _number_in(0, 1, lo_open=True),
-    "drafter.name": _one_of(*DRAFTERS),
+    "drafter.name": ((lambda v: v in options("drafter", DRAFTERS)), f"one of {options('drafter', DRAFTERS)}"),
     "drafter.min_match": _int_at_least(1),
     "drafter.max_ngram": _int_at_least(1),
     "drafter.min_ngram": _int_at_least(1),
-    "k_policy.name": _one_of(*K_POLICIES),
+    "k_policy.name": ((lambda v: v in options("k_policy", K_POLICIES)), f"one of {options('k_policy', K_POLICIES)}"),
     "k_policy.k_min": (_int_at_least(0)[0], "an integer >= 0 (0: the cost model may stop speculating; heuristic: >= 1)"),
     "k_policy.probe_every": _int_at_least(1),
     "k_policy.k_max": _int_at_least(1),

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from pipeline.config_schema import CHECKS, ConfigError, check_config
+from pipeline.config_schema import CHECKS, CONF_DIR, ConfigError, check_config
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # What a type error means to a user, by the type OmegaConf failed to convert to.
 TYPE_WORDS = {"Integer": "an integer", "Boolean": "true or false", "Float": "a number", "String": "a string"}
 CFG_FLAGS = {"--cfg", "-c", "--package", "-p"}

@@ -3,7 +3,6 @@ two modules of our packages import each other (directly or around a longer loop)
 level or inside a function."""
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from test_dvc_metrics_plots import _local_imports, _module_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = tuple(p for p in ("speclab", "pipeline", "analysis", "store") if (ROOT / p / "__init__.py").is_file())
@@ -27,39 +28,10 @@ def modules(package: str) -> list[str]:
 ALL = [m for p in PACKAGES for m in modules(p)]
 
 
-def _is_package(module: str) -> bool:
-    return (ROOT / Path(*module.split(".")) / "__init__.py").is_file()
-
-
-def _resolve(module: str, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    base = module.split(".")
-    base = base if _is_package(module) else base[:-1]
-    base = base[: len(base) - node.level + 1]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
 def imports(module: str) -> set[str]:
-    """Our modules that ``module`` imports anywhere (module level or in a function), but under
-    ``if TYPE_CHECKING:``, which never runs."""
-    path = ROOT / Path(*module.split("."))
-    path = path / "__init__.py" if _is_package(module) else path.with_suffix(".py")
-    tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-               for n in ast.walk(node)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve(module, node)
-            # `from pkg import module` imports that module; `from module import name` the module itself.
-            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in ALL else base for a in node.names}
-    return {name for name in found if name in ALL and name != module}
+    """Our modules that ``module`` imports anywhere (module level or in a function), with their packages,
+    but under ``if TYPE_CHECKING:``, which never runs."""
+    return (_local_imports(_module_file(module)) & set(ALL)) - {module}
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -42,7 +42,8 @@ def test_the_finder_finds_them(tmp_path):
     global ROOT
     root, ROOT = ROOT, tmp_path
     try:
-        assert [h.split(": ", 1)[1] for h in literal_gets(tmp_path / "x.py")] == ["cfg.get('k', 10)", "st.get('ks', [])"]
+        found = [h.split(": ", 1)[1] for h in literal_gets(tmp_path / "x.py")]
+        assert found == ["cfg.get('k', 10)", "st.get('ks', [])"]
     finally:
         ROOT = root
 

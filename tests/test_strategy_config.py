@@ -78,7 +78,8 @@ def test_constructor_defaults_are_the_config_defaults(tmp_path):
     assert defaults(CostModelK, cost) == defaults(CostModelPolicy, cost) == defaults(CostModelKConf, cost)
     assert defaults(CostModelK, ["decay", "estimator", "k_min"]) == {"decay": 0.9, "estimator": "positions", "k_min": 0}
     assert defaults(HeuristicK, ["k_min", "k_max"]) == defaults(HeuristicKConf, ["k_min", "k_max"])
-    assert defaults(PromptLookupDrafter, ["max_ngram", "min_ngram"]) == defaults(PromptLookupConf, ["max_ngram", "min_ngram"])
+    lookup = ["max_ngram", "min_ngram"]
+    assert defaults(PromptLookupDrafter, lookup) == defaults(PromptLookupConf, lookup)
     hybrid = ["max_ngram", "min_ngram", "min_match"]
     assert defaults(HybridDrafter, hybrid) == defaults(HybridConf, hybrid)
     composed = make_cfg(tmp_path, "k_policy=cost_model").k_policy
@@ -122,3 +123,28 @@ def test_a_new_drafter_is_one_class_and_one_option(tiny_pair):
     ids = torch.tensor([[5, 9, 5, 9, 5]])
     res = speculative_generate(tiny_pair[0], strategy.drafter, ids, 10, k=strategy.policy)
     assert res.tokens == plain_greedy(tiny_pair[0], ids, 10).tokens
+
+
+def test_a_new_drafter_option_file_is_checked_and_built(tmp_path, monkeypatch, tiny_pair):
+    """A user's option file with a ``_target_`` and no schema: the job's drafter, built with its keys."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+
+    import pipeline.config_schema as schema
+    from pipeline.stages import STAGES
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    option = f"_target_: {__name__}.EveryOtherToken\nname: every_other\ngap: 3\n"
+    (conf / "drafter" / "every_other.yaml").write_text(option)
+    monkeypatch.setattr(schema, "CONF_DIR", conf)
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["pair=tiny_random", "drafter=every_other",
+                                                       f"outputs_dir={tmp_path}"])
+    schema.check_config(cfg, STAGES)
+    drafter = make_drafter(drafter_conf(cfg), tiny_pair[1])
+    assert isinstance(drafter, EveryOtherToken) and drafter.gap == 3
+    with pytest.raises(schema.ConfigError, match="drafter.name='every_other' is not allowed"):
+        monkeypatch.setattr(schema, "CONF_DIR", Path(CONF))
+        schema.check_config(cfg, STAGES)
