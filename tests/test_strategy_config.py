@@ -148,3 +148,17 @@ def test_a_new_drafter_option_file_is_checked_and_built(tmp_path, monkeypatch, t
     with pytest.raises(schema.ConfigError, match="drafter.name='every_other' is not allowed"):
         monkeypatch.setattr(schema, "CONF_DIR", Path(CONF))
         schema.check_config(cfg, STAGES)
+
+
+@pytest.mark.parametrize("overrides", [[], ["k_policy=cost_model", "drafter=hybrid"], ["stage=plan", "k_policy=heuristic"]])
+def test_target_keys_name_no_job_and_no_param(tmp_path, overrides):
+    """An option's class is not what a job measures: its hash and its MLflow params leave ``_target_`` out."""
+    from pipeline.jobs import config_hash
+    from pipeline.tracking import run_params
+
+    cfg = make_cfg(tmp_path, *overrides)
+    plain = OmegaConf.to_container(cfg)
+    for group in ("drafter", "k_policy"):
+        assert plain[group].pop("_target_")
+    assert config_hash(OmegaConf.create(plain)) == config_hash(cfg)
+    assert run_params(OmegaConf.create(plain)) == run_params(cfg)
