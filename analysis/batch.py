@@ -221,8 +221,9 @@ def error_metrics(errors: pd.DataFrame, campaign: str) -> dict:
     """Per pair and B: the mean absolute error of the formula and of the time model (``dvc metrics``)."""
     out = {"campaign": campaign}
     for pair, g in errors.groupby("pair", sort=True):
-        out[pair] = {f"mae_{name}": {f"B{int(r.batch_size)}": round(float(getattr(r, f"{name}_mae")), 6)
-                                     for r in g.itertuples()} for name in ("formula", "time_model")}
+        value = (lambda v: round(float(v), 6) if v == v else None)  # no prediction: null
+        out[pair] = {f"mae_{name}": {f"B{int(r.batch_size)}": value(getattr(r, f"{name}_mae")) for r in g.itertuples()}
+                     for name in ("formula", "time_model")}
     return out
 
 

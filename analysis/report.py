@@ -393,9 +393,12 @@ def batch_model_section(speed: pd.DataFrame, errors: pd.DataFrame) -> list[str]:
     if errors.empty or errors.time_model_mae.isna().all():
         return s + ["_No time-model prediction: the campaign needs greedy acceptance runs of the batch's prompts "
                     "at its k, and at least two blocks per job and batch size._\n"]
-    half = errors.time_model_mae < errors.formula_mae / 2
+    half, missing = errors.time_model_mae < errors.formula_mae / 2, errors.time_model_mae.isna()
     verdict = ("below half the formula's at every B" if half.all() else
-               "NOT below half the formula's at B = " + ", ".join(str(b) for b in errors.batch_size[~half]))
+               "NOT below half the formula's at B = " + ", ".join(str(b) for b in errors.batch_size[~half & ~missing])
+               if (~half & ~missing).any() else "below half the formula's at every B it predicts")
+    if missing.any():
+        verdict += " (no prediction at B = " + ", ".join(str(b) for b in errors.batch_size[missing]) + ")"
     s += [f"Mean absolute error of the predicted speed-up over k, per B: the time model's is {verdict} "
           "(`error_ratio`: time model's over formula's; `*_max`: the largest over k; `*_signed`: the mean signed "
           "error, positive = over-predicted). `target_scale`, `draft_scale`: in-loop over isolated pass time; "

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.batch import acceptance_traces, batch_costs, batch_speedups, model_error, time_model_runs, with_time_model
+from analysis.batch import (acceptance_traces, batch_costs, batch_speedups, error_metrics, model_error, time_model_runs,
+                            with_time_model)
 from speclab.batch_time_model import BatchPassModel, BatchTimeModel, BatchTrace, calibrate_batch_loop
 from speclab.time_model import PARTS, LoopCosts, PassModel, TimeModel, Trace
 
@@ -173,4 +174,8 @@ def test_runs_without_matching_acceptance_runs_are_not_predicted(synthetic):
     per_run = time_model_runs(runs, passes, traces)
     # Blocks 2, 4, 5 hold c; block 3 is left with no other block of 2 rows to calibrate on.
     assert set(per_run.block) == {0, 1}
-    assert time_model_runs(runs, passes, {}).empty
+    none = time_model_runs(runs, passes, {})
+    assert none.empty
+    errors = model_error(with_time_model(batch_speedups(runs, batch_costs(passes), BOOT), none), none)
+    assert errors.time_model_mae.isna().all() and errors.formula_mae.notna().all()
+    assert error_metrics(errors, "c")["p"]["mae_time_model"] == {"B1": None, "B2": None}
