@@ -128,11 +128,11 @@ def time_model_runs(runs: pd.DataFrame, passes: pd.DataFrame, traces: dict) -> p
     rows = []
     for job, jr in runs.groupby("config_hash", sort=True):
         jp = passes[passes.config_hash == job]
-        fit = (lambda role: BatchPassModel.fit(*(jp[jp.model == role][c].to_numpy()
-                                                 for c in ("batch_size", "pass_len", "context_len", "median_s"))))
         if not {"target", "draft"} <= set(jp.model):
             continue
-        target, draft = fit("target"), fit("draft")
+        target, draft = (BatchPassModel.fit(*(jp[jp.model == role][c].to_numpy()
+                                              for c in ("batch_size", "pass_len", "context_len", "median_s")))
+                         for role in ("target", "draft"))
         for block, br in jr.groupby("block", sort=True):
             cal = jr[(jr.block != block) & jr.trace.notna()]
             b = int(br.batch_size.iloc[0])
@@ -176,7 +176,7 @@ def model_error(speed: pd.DataFrame, per_run: pd.DataFrame) -> pd.DataFrame:
             row.update({f"{name}_mae": float(err.mean()), f"{name}_max": float(err.max()),
                         f"{name}_signed": float((g[col] - g.measured).mean())})
         row["error_ratio"] = row["time_model_mae"] / row["formula_mae"]
-        row.update(cal.loc[(pair, b)].to_dict() if (pair, b) in cal.index else {})
+        row.update({c: float(cal[c].get((pair, b), np.nan)) for c in cal.columns})
         rows.append(row)
     return pd.DataFrame(rows)
 
