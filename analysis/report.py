@@ -91,7 +91,7 @@ def build_report(params: dict) -> str:
     t = {name: read_table(out, name) for name in (
         "acceptance_table", "speed_points", "predictor_errors", "drift", "breakeven", "best_k", "divergence_counts",
         "divergences", "distribution_rates", "distribution_tests", "drafter_comparison", "adaptive_vs_fixed",
-        "sampled_alpha", "strategy_comparison", "batch_costs", "batch_speedups", "time_model_points",
+        "sampled_alpha", "strategy_comparison", "batch_costs", "batch_speedups", "batch_model_error", "time_model_points",
         "time_model_errors", "time_model_decomposition", "time_model_exercise4", "time_model_calibration",
         "recommendation", "recommendation_check", "recommendation_ranking")}
     acc, points, errors = t["acceptance_table"], t["speed_points"], t["predictor_errors"]
@@ -168,7 +168,7 @@ def build_report(params: dict) -> str:
               _fig(figs, report, "distribution_rejections.png", "rejection rates per rule"),
               markdown_table(rates, ".3g"), "",
               "<details><summary>every test</summary>\n\n", markdown_table(tests, ".3g"), "</details>\n"]
-    s += batch_section(t["batch_costs"], t["batch_speedups"], figs, report)
+    s += batch_section(t["batch_costs"], t["batch_speedups"], t["batch_model_error"], figs, report)
     s += jobs_section(jobs, campaign)
     return "\n".join(s)
 
@@ -335,7 +335,7 @@ def planner_section(t: dict[str, pd.DataFrame]) -> list[str]:
     return s
 
 
-def batch_section(costs: pd.DataFrame, speed: pd.DataFrame, figs: Path, report: Path) -> list[str]:
+def batch_section(costs: pd.DataFrame, speed: pd.DataFrame, errors: pd.DataFrame, figs: Path, report: Path) -> list[str]:
     """Exercise 7 of the chapter, answered from the batch stage's numbers."""
     if speed.empty:
         return []
@@ -345,7 +345,8 @@ def batch_section(costs: pd.DataFrame, speed: pd.DataFrame, figs: Path, report: 
          "i.e. c_verify(B, k = n - 1); a flat line at 1 means checking k proposals costs no more than one step.*\n",
          _fig(figs, report, "batch_speedup.png", "speed-up vs batch size"),
          "*Measured speed-up of batched speculative over batched plain decoding (tokens/s summed over rows, "
-         "median of adjacent-run ratios with 95% bootstrap intervals) against the cost model at that B.*\n"]
+         "median of adjacent-run ratios with 95% bootstrap intervals) against the chapter's formula at that B "
+         "(dashed) and the time model at that B (dotted).*\n"]
     flat = []
     for b, sub in costs.groupby("batch_size"):
         sub = sub.sort_values("pass_len")
@@ -375,6 +376,38 @@ def batch_section(costs: pd.DataFrame, speed: pd.DataFrame, figs: Path, report: 
           "the iteration time (median per run); `masked_share`: masked key/value slots of the verify pass "
           "(padding and rejected proposals kept in the cache); `identical_share`: rows equal to the batched plain "
           "run's rows.\n"]
+    return s + batch_model_section(speed, errors)
+
+
+def batch_model_section(speed: pd.DataFrame, errors: pd.DataFrame) -> list[str]:
+    """The time model at B against the chapter's formula at B: error per B."""
+    s = ["### Predicting the batched speed-up: the time model at B against the formula at B\n",
+         "`predicted` (the formula at B) prices an iteration at k batched draft steps plus one batched check "
+         "from the pass rows, with i.i.d. tokens per row. `predicted_time_model` is the batch-1 planner's time "
+         "model (`speclab.batch_time_model`) run in lockstep: each row replays its greedy acceptance run at "
+         "that k (acceptance stage), rows leave the batch as they finish, every pass is priced from the job's "
+         "own pass rows over rows x new tokens, with the draft's catch-up and both prefills. What the batch "
+         "stage does not time (the prefills' cost per padded token; the loop's in-loop over isolated pass "
+         "time, rollback and bookkeeping at that B) is calibrated on the other blocks of the same job, never on "
+         "the run predicted; `predicted_no_loop` leaves the loop's costs out.\n"]
+    if errors.empty or errors.time_model_mae.isna().all():
+        return s + ["_No time-model prediction: the campaign needs greedy acceptance runs of the batch's prompts "
+                    "at its k, and at least two blocks per job and batch size._\n"]
+    half, missing = errors.time_model_mae < errors.formula_mae / 2, errors.time_model_mae.isna()
+    verdict = ("below half the formula's at every B" if half.all() else
+               "NOT below half the formula's at B = " + ", ".join(str(b) for b in errors.batch_size[~half & ~missing])
+               if (~half & ~missing).any() else "below half the formula's at every B it predicts")
+    if missing.any():
+        verdict += " (no prediction at B = " + ", ".join(str(b) for b in errors.batch_size[missing]) + ")"
+    s += [f"Mean absolute error of the predicted speed-up over k, per B: the time model's is {verdict} "
+          "(`error_ratio`: time model's over formula's; `*_max`: the largest over k; `*_signed`: the mean signed "
+          "error, positive = over-predicted). `target_scale`, `draft_scale`: in-loop over isolated pass time; "
+          "`bookkeeping_ms`: per iteration, as calibrated at that B.\n",
+          markdown_table(errors[["pair", "batch_size", "points", "formula_mae", "formula_max", "formula_signed",
+                                 "time_model_mae", "time_model_max", "time_model_signed", "no_loop_mae",
+                                 "no_loop_max", "error_ratio", "target_scale", "draft_scale", "bookkeeping_ms"]]), "",
+          markdown_table(speed[["pair", "batch_size", "k", "measured", "predicted", "predicted_time_model",
+                                "predicted_no_loop", "iterations", "predicted_iterations"]]), ""]
     return s
 
 

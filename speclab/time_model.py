@@ -20,6 +20,7 @@ read from the timing and acceptance stages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -130,6 +131,17 @@ class Trace:
     def tokens(self) -> int:
         return int(np.sum(self.new_tokens))
 
+    @classmethod
+    def from_counts(cls, prompt_len: int, proposed: np.ndarray, accepted: np.ndarray, new_tokens: np.ndarray) -> "Trace":
+        """The trace of a draft-model run from its per-iteration counts alone (acceptance rows written
+        before the trace columns): the draft runs every proposal, and its first call catches up 2
+        tokens after an all-accepted iteration, 1 otherwise."""
+        proposed, accepted, new_tokens = (np.asarray(a, int) for a in (proposed, accepted, new_tokens))
+        all_in = (accepted == proposed) & (proposed > 0)
+        fed = np.where(proposed > 0, np.r_[1, np.where(all_in[:-1], 2, 1)], 0)
+        length = prompt_len + np.r_[0, np.cumsum(new_tokens)[:-1]]
+        return cls(prompt_len, proposed, new_tokens, length, fed, proposed.copy(), True, False)
+
 
 PARTS = ("prefill_target", "prefill_draft", "draft_steps", "catch_up", "lookup", "verify", "rollback", "bookkeeping")
 
@@ -160,38 +172,15 @@ class TimeModel:
 
     def speculative(self, tr: Trace) -> Decomposition:
         """Predicted wall time of the run the trace describes, by part."""
-        t, d, lp = self.target, self.draft, self.loop
-        prefill_n = max(tr.prompt_len - 1, 0)
-        calls, fed = tr.draft_calls.astype(float), tr.draft_fed.astype(float)
-        ran = calls > 0
-        parts = dict.fromkeys(PARTS, 0.0)
-        if prefill_n:
-            parts["prefill_target"] = float(t.prefill_time(prefill_n))
-        if tr.uses_model and prefill_n:
-            if d is None:
-                raise ValueError("a trace with a draft model needs a draft PassModel")
-            parts["prefill_draft"] = float(d.prefill_time(prefill_n))
-        if ran.any():
-            if d is None:
-                raise ValueError("a trace with draft calls needs a draft PassModel")
-            # The draft cache holds length - fed tokens when its first call starts.
-            ctx0 = tr.length[ran] - fed[ran]
-            one = d.time(1, tr.length[ran] + (calls[ran] - 1) / 2)
-            first = d.time(fed[ran], ctx0)
-            parts["draft_steps"] = lp.draft_scale * float(np.sum(calls[ran] * one))
-            parts["catch_up"] = lp.draft_scale * float(np.sum(first - d.time(1, ctx0)))
-        if tr.uses_lookup:
-            parts["lookup"] = lp.lookup_s * len(tr.proposed)
-        parts["verify"] = lp.target_scale * float(np.sum(t.time(tr.proposed + 1, tr.length - 1)))
-        parts["rollback"] = lp.rollback_s * len(tr.proposed)
-        parts["bookkeeping"] = lp.bookkeeping_s * len(tr.proposed)
-        return Decomposition(parts)
+        t, d = self.target, self.draft
+        return price_speculative(tr, np.ones(len(tr.proposed)), lambda n, ctx, rows: t.time(n, ctx),
+                                 None if d is None else (lambda n, ctx, rows: d.time(n, ctx)), t.prefill_time,
+                                 None if d is None else d.prefill_time, self.loop)
 
     def plain(self, prompt_len: int, new_tokens: int) -> Decomposition:
         """Predicted wall time of plain decoding: a prefill of the prompt, then one step per further token."""
-        steps = np.arange(1, max(new_tokens, 1))
-        return Decomposition({"prefill_target": float(self.target.prefill_time(prompt_len)),
-                              "verify": self.loop.target_scale * float(np.sum(self.target.time(1, prompt_len + steps - 1)))})
+        return price_plain(prompt_len, np.ones(max(new_tokens - 1, 0)), lambda n, ctx, rows: self.target.time(n, ctx),
+                           self.target.prefill_time, self.loop.target_scale)
 
     def speedup(self, tr: Trace) -> float:
         """Predicted tokens/s of the speculative run over plain decoding of the same tokens."""
@@ -204,6 +193,49 @@ class TimeModel:
         t1 = float(t.time(1, ref))
         c_draft = float(self.draft.time(1, ref)) / t1 if uses_model and self.draft is not None else 0.0
         return iid_speedup(alpha, k, c_draft, float(t.time(k + 1, ref)) / t1)
+
+
+PassTime = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (pass length, context, rows) -> seconds
+
+
+def price_speculative(tr: Trace, rows: np.ndarray, target: PassTime, draft: PassTime | None,
+                      target_prefill: Callable, draft_prefill: Callable | None, lp: LoopCosts) -> Decomposition:
+    """The parts of a speculative run's time: ``tr``'s iterations, ``rows[i]`` rows in iteration i (all
+    ones for batch 1: ``TimeModel``; a batch in lockstep: ``speclab.batch_time_model``), passes priced
+    by ``target`` / ``draft``, prefills (``*_prefill(n)``, the batch's rows bound in) by the others."""
+    prefill_n = max(tr.prompt_len - 1, 0)
+    calls, fed = tr.draft_calls.astype(float), tr.draft_fed.astype(float)
+    ran = calls > 0
+    parts = dict.fromkeys(PARTS, 0.0)
+    if prefill_n:
+        parts["prefill_target"] = float(target_prefill(prefill_n))
+    if tr.uses_model and prefill_n:
+        if draft_prefill is None:
+            raise ValueError("a trace with a draft model needs a draft PassModel")
+        parts["prefill_draft"] = float(draft_prefill(prefill_n))
+    if ran.any():
+        if draft is None:
+            raise ValueError("a trace with draft calls needs a draft PassModel")
+        # The draft cache holds length - fed tokens when its first call starts.
+        ctx0, r = tr.length[ran] - fed[ran], rows[ran]
+        one = draft(1, tr.length[ran] + (calls[ran] - 1) / 2, r)
+        first = draft(fed[ran], ctx0, r)
+        parts["draft_steps"] = lp.draft_scale * float(np.sum(calls[ran] * one))
+        parts["catch_up"] = lp.draft_scale * float(np.sum(first - draft(1, ctx0, r)))
+    if tr.uses_lookup:  # one lookup per row and iteration
+        parts["lookup"] = lp.lookup_s * float(np.sum(rows))
+    parts["verify"] = lp.target_scale * float(np.sum(target(tr.proposed + 1, tr.length - 1, rows)))
+    parts["rollback"] = lp.rollback_s * len(tr.proposed)
+    parts["bookkeeping"] = lp.bookkeeping_s * len(tr.proposed)
+    return Decomposition(parts)
+
+
+def price_plain(prompt_len: int, rows: np.ndarray, target: PassTime, target_prefill: Callable,
+                target_scale: float) -> Decomposition:
+    """Plain decoding: a prefill of the prompt, then one target step per further token, ``rows[s]`` rows in step s."""
+    steps = np.arange(1, len(rows) + 1)
+    return Decomposition({"prefill_target": float(target_prefill(prompt_len)),
+                          "verify": target_scale * float(np.sum(target(1, prompt_len + steps - 1, rows)))})
 
 
 def iid_speedup(alpha: float, k: int, c_draft: float, c_verify: float) -> float:
