@@ -18,6 +18,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from store.layout import NAME  # a campaign or pair name
+
 
 class ConfigError(ValueError):
     """A config value outside what is allowed; its message is one line naming key, value and the allowed."""
@@ -260,7 +262,6 @@ def _positive_or_null() -> Check:
     return (lambda v: v is None or (isinstance(v, (int, float)) and v > 0)), "null (measure it) or a number > 0"
 
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 CHECKS: dict[str, Check] = {

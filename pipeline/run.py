@@ -28,8 +28,8 @@ from pipeline.config_schema import check_config, register  # noqa: E402
 from pipeline.errors import error_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze, job_inputs  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path, run_identity  # noqa: E402
-from pipeline.stages import STAGES  # noqa: E402
 from pipeline.tracking import PARENT_ENV, end_open_parent  # noqa: E402
+from store.layout import STAGES  # noqa: E402
 
 register()
 log = logging.getLogger("speclab")
@@ -103,7 +103,7 @@ def _run_name(cfg: DictConfig, part: str) -> str:
 
 def write_result(rows, schema, path: Path, meta: dict) -> Path:
     """Write a stage's Parquet; if the outputs disk fails now, keep the computed rows in the temp folder."""
-    from pipeline.parquet import write_parquet
+    from store.records import write_parquet
 
     try:
         return write_parquet(rows, schema, path, meta)
@@ -118,7 +118,8 @@ class Job:
     """One Hydra job: its stages, its tracker and (loaded at most once) its models."""
 
     def __init__(self, cfg: DictConfig) -> None:
-        from pipeline.tracking import Tracker, resolved_config, run_params
+        from pipeline.jobs import run_params
+        from pipeline.tracking import Tracker, resolved_config
 
         self.cfg = cfg
         self.parts, self.prompts = validate(cfg)
@@ -188,7 +189,7 @@ class Job:
 
     def pending(self) -> list[str]:
         """The stages still to compute; a complete file whose run is missing gets its run logged now."""
-        from pipeline.parquet import check_stage_file
+        from store.records import check_stage_file
 
         todo = []
         for part in self.parts:
@@ -219,7 +220,7 @@ class Job:
         """The Parquet was written but its MLflow run never finished: log the run from the file."""
         import pandas as pd
 
-        from pipeline.parquet import read_meta
+        from store.records import read_meta
 
         out = _stage(part).summarize(pd.read_parquet(path), self.cfg)
         meta = read_meta(path)

@@ -8,8 +8,6 @@ from typing import Any
 
 import pandas as pd
 
-STAGES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch", "plan")
-
 
 @dataclass
 class ArmResult:

@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, sampling_config, stage_ks

@@ -7,7 +7,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.strategies import make_drafter, make_policy
 from pipeline.stages.common import IDENTITY_FIELDS, identity, stage_ks
