@@ -17,13 +17,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from store import best_fixed, plans
+from store import best_fixed, layout, plans
 from store.compat import ARM_POLICY_KEYS
-from store.layout import campaign_dir as _campaign_dir
 
 
 def campaign_dir(cfg: DictConfig) -> Path:
-    return _campaign_dir(cfg.outputs_dir, str(cfg.campaign))
+    return layout.campaign_dir(cfg.outputs_dir, str(cfg.campaign))
 
 
 def latest_plan_file(cfg: DictConfig) -> Path | None:
@@ -31,7 +30,7 @@ def latest_plan_file(cfg: DictConfig) -> Path | None:
     plan in this campaign that finished last (``store.plans``)."""
     frozen = OmegaConf.select(cfg, "inputs.plan")
     if frozen is not None:
-        return campaign_dir(cfg) / "plan" / f"{frozen}.parquet"
+        return layout.stage_dir(cfg.outputs_dir, str(cfg.campaign), "plan") / f"{frozen}.parquet"
     return plans.latest_plan_file(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name))
 
 
