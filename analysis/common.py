@@ -18,7 +18,8 @@ from pandas.api.types import is_bool_dtype, is_numeric_dtype  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
-from pipeline.files import atomic_write  # noqa: E402
+from store.compat import with_defaults  # noqa: E402
+from store.files import atomic_write  # noqa: E402
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
@@ -59,22 +60,6 @@ def read_stage(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFra
         return pd.DataFrame()
     df = with_defaults(pd.concat([f.data for f in files], ignore_index=True))
     return df.assign(campaign=campaign)
-
-
-# Columns added to a stage's schema after results were already stored, with the value they had then.
-LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0}
-
-
-def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
-    """Fill columns that older result files lack, so old and new runs pool correctly."""
-    for col, value in LATER_COLUMNS.items():
-        if col not in df:
-            df[col] = value
-        else:
-            df[col] = df[col].fillna(value)
-    if "drafter" in df and "arm" in df:
-        df.loc[df.arm == "plain", ["drafter", "k_policy"]] = "none"
-    return df
 
 
 def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: int = 0,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.common import load_params, published_campaign, run_script, save_table
-from analysis.inputs import STAGE_NAMES, read_stage_files
+from analysis.inputs import read_stage_files
+from store.layout import STAGES
 
 COLUMNS = ["campaign", "stage", "pair", "config_hash", "rows", "started_at", "finished_at", "git_commit", "file",
            "note"]
@@ -26,7 +27,7 @@ def job_table(outputs_dir: str | Path, campaign: str) -> pd.DataFrame:
              "git_commit": f.meta.get("git_commit"), "file": f.path.as_posix(),
              # Files stored before provenance records existed got one afterwards; it says so here.
              "note": f.meta.get("migrated")}
-            for stage in STAGE_NAMES for f in read_stage_files(outputs_dir, campaign, stage)]
+            for stage in STAGES for f in read_stage_files(outputs_dir, campaign, stage)]
     return pd.DataFrame(rows, columns=COLUMNS).astype({"rows": "int64"})
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.common import load_params, published_campaign, read_table, run_script
-from analysis.tracking import first_line, flatten, quick_http, tracking_settings, unreachable
+from analysis.tracking import first_line, quick_http, tracking_settings, unreachable
+from store.identity import flatten
+from store.records import UNKNOWN_COMMIT, git_commit
 
 # Tables logged with mlflow.log_table (readable and comparable in the MLflow UI).
 TABLES = ("speed_points", "acceptance_table", "predictor_errors", "best_k", "strategy_comparison", "drift")
@@ -30,14 +31,6 @@ TABLES = ("speed_points", "acceptance_table", "predictor_errors", "best_k", "str
 def numeric_metrics(tree: dict) -> dict[str, float]:
     """headline.json's numbers under their dotted keys (the strings, e.g. the campaign, are tags)."""
     return {k: float(v) for k, v in flatten(tree).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def publish(params: dict) -> str | None:
@@ -65,7 +58,7 @@ def publish(params: dict) -> str | None:
             from mlflow.tracking.context.registry import resolve_tags
 
             tags = resolve_tags(tags)
-            if "mlflow.source.git.commit" not in tags and (commit := _git_commit()):
+            if "mlflow.source.git.commit" not in tags and (commit := git_commit()) != UNKNOWN_COMMIT:
                 tags["mlflow.source.git.commit"] = commit
             run = client.create_run(exp_id, run_name=f"analysis-{campaign}", tags=tags)
             run_id = run.info.run_id

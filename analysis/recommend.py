@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import bootstrap_ci, load_params, markdown_table, run_script, save_table, with_defaults
-from analysis.inputs import AnalysisError, read_stage_files, stage_paths
-from pipeline.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
-from pipeline.parquet import read_meta
+from analysis.inputs import AnalysisError, read_stage_files, store_errors
+from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
+from store.plans import latest_plan, latest_plan_campaign
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
          "cost-model policy vs fixed k=4": 1.0}
@@ -29,16 +29,11 @@ GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default"
 def latest_campaign(outputs_dir: str) -> str:
     """The campaign whose plan finished last."""
     # The provenance record is enough to pick one; read_stage then checks the chosen campaign's files.
-    found = []
-    for folder in sorted((Path(outputs_dir) / "campaigns").glob("*/plan")):
-        for path in stage_paths(outputs_dir, folder.parent.name, "plan"):
-            try:
-                found.append((str(read_meta(path).get("finished_at", "")), folder.parent.name))
-            except Exception as err:  # noqa: BLE001 - any reader error means the same thing here
-                raise AnalysisError(f"{path} is not a readable Parquet file ({type(err).__name__})") from None
-    if not found:
+    with store_errors():
+        campaign = latest_plan_campaign(outputs_dir)
+    if campaign is None:
         raise AnalysisError("no plan found under outputs/campaigns/*/plan: run `python -m pipeline.run +sweep=plan` first")
-    return max(found)[1]
+    return campaign
 
 
 def read_plans(outputs_dir: str, campaign: str) -> pd.DataFrame:
@@ -48,13 +43,6 @@ def read_plans(outputs_dir: str, campaign: str) -> pd.DataFrame:
         return pd.DataFrame()
     return with_defaults(pd.concat([f.data.assign(finished_at=str(f.meta.get("finished_at", ""))) for f in files],
                                    ignore_index=True))
-
-
-def latest_plan(plan: pd.DataFrame) -> pd.DataFrame:
-    """Per pair, the rows of the plan job that finished last (a campaign may hold several): the plan
-    the speed stage's recommended arm runs (``pipeline.job_inputs.latest_plan_file``)."""
-    last = plan.sort_values("finished_at").groupby("pair").config_hash.transform("last")
-    return plan[plan.config_hash == last.reindex(plan.index)]
 
 
 def config_label(df: pd.DataFrame) -> pd.Series:

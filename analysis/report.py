@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis.common import load_params, markdown_table, published_campaign, read_table, run_script
 from analysis.inputs import AnalysisError
-from pipeline.files import atomic_write_text
+from store.files import atomic_write_text
 
 
 # One line under each figure: what it shows and how to read it (README's figures carry the same captions).

@@ -15,10 +15,9 @@ at most a few seconds and one line of output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from pipeline.mlflow_probe import first_line, unreachable  # noqa: F401 - the analysis's own names
-from pipeline.mlflow_probe import quick_http as _quick_http
+from store.mlflow_probe import first_line, unreachable  # noqa: F401 - the analysis's own names
+from store.mlflow_probe import quick_http as _quick_http
 
 # Logging figures and tables takes longer than a probe: a longer timeout, still no retry loop.
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -41,15 +40,3 @@ def tracking_settings(params: dict) -> Tracking:
     cfg = params.get("mlflow") or {}
     return Tracking(enabled=bool(cfg.get("enabled", True)), uri=str(cfg.get("tracking_uri", "sqlite:///mlflow.db")),
                     experiment=str(cfg.get("experiment", "speclab")))
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """Nested parameters as dotted keys (``drift.max_ratio``), leaves unchanged."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out

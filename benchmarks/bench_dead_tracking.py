@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.parquet import make_schema, write_parquet
+from store.records import make_schema, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = make_schema([("case", "string"), ("round", "int64"), ("pair", "string"), ("jobs", "int64"),

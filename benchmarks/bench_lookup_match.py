@@ -20,7 +20,7 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.common import add_pair_arguments, greedy_continuations  # noqa: E402
-from pipeline.parquet import write_parquet  # noqa: E402
+from store.records import write_parquet  # noqa: E402
 from speclab.drafters import lookup_match  # noqa: E402
 from speclab.models import load_pair  # noqa: E402
 

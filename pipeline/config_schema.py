@@ -22,6 +22,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from speclab.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, default_of
+from store.layout import NAME  # a campaign or pair name
 
 
 class ConfigError(ValueError):
@@ -274,7 +275,6 @@ def _positive_or_null() -> Check:
     return (lambda v: v is None or (isinstance(v, (int, float)) and v > 0)), "null (measure it) or a number > 0"
 
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 CHECKS: dict[str, Check] = {

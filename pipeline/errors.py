@@ -79,7 +79,7 @@ def precheck(argv: list[str]) -> None:
         return
     from hydra import compose, initialize_config_dir
 
-    from pipeline.stages import STAGES
+    from store.layout import STAGES
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:

@@ -8,45 +8,35 @@ changed default, would find the old file "already complete" and report the old a
 
 A job resolves them once, as it starts (``freeze``), into ``cfg.inputs``: its hash, its MLflow params,
 its provenance record and the stage itself then all see the same plan, even if another job writes a
-newer one meanwhile.
+newer one meanwhile. The rules themselves (the latest plan, the best fixed configuration, the keys of
+the cost-model schema added since results were stored) are the store's.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipeline.best_fixed import BestFixed, best_fixed
-from pipeline.parquet import read_meta
-
-# Keys of the cost-model schema that enter the hash of a job running a cost-model arm from that
-# schema, left out at the value of the older behaviour. The schema's earlier keys were not hashed
-# when the stored results were written; every key added since is listed here.
-ARM_POLICY_KEYS = {"free_k_min": None}
+from store import best_fixed, layout, plans
+from store.compat import ARM_POLICY_KEYS
 
 
 def campaign_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.outputs_dir) / "campaigns" / str(cfg.campaign)
+    return layout.campaign_dir(cfg.outputs_dir, str(cfg.campaign))
 
 
 def latest_plan_file(cfg: DictConfig) -> Path | None:
-    """This pair's plan file in this campaign that finished last (the one a recommended arm follows),
-    or the one the job froze at its start. ``analysis.recommend.latest_plan`` applies the same rule to
-    rows that carry ``finished_at``."""
+    """The plan file a recommended arm follows: the one the job froze at its start, or else this pair's
+    plan in this campaign that finished last (``store.plans``)."""
     frozen = OmegaConf.select(cfg, "inputs.plan")
     if frozen is not None:
-        return campaign_dir(cfg) / "plan" / f"{frozen}.parquet"
-    files = sorted((campaign_dir(cfg) / "plan").glob(f"{cfg.pair.name}-*.parquet"),
-                   key=lambda p: str((read_meta(p) or {}).get("finished_at", "")))
-    return files[-1] if files else None
+        return layout.stage_dir(cfg.outputs_dir, str(cfg.campaign), "plan") / f"{frozen}.parquet"
+    return plans.latest_plan_file(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name))
 
 
-def find_best_fixed(cfg: DictConfig) -> BestFixed | None:
+def find_best_fixed(cfg: DictConfig) -> best_fixed.BestFixed | None:
     """The best fixed configuration of this pair's exploratory checks in this campaign, if any."""
-    files = sorted((campaign_dir(cfg) / "speed").glob(f"{cfg.pair.name}-*.parquet"))
-    speed = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
-    return best_fixed(speed) if not speed.empty else None
+    return best_fixed.find_best_fixed(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name))
 
 
 def _runs_schema_cost_model(cfg: DictConfig) -> bool:

@@ -12,15 +12,16 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from pipeline.jobs import run_identity
-from pipeline.parquet import read_meta
-from pipeline.stages import STAGES, StageOutput, stage_module
+from pipeline.jobs import run_identity, run_params
+from pipeline.stages import StageOutput, stage_module
 from pipeline.stages.common import run_name
 from pipeline.summary import headline, write_job_record
 from pipeline.tracking import (
-    PARENT_ENV, Tracker, environment_tags, hydra_tags, machine_tags, resolved_config, run_params,
+    PARENT_ENV, Tracker, environment_tags, hydra_tags, machine_tags, resolved_config,
 )
 from speclab.models import resolve_device
+from store.layout import STAGES
+from store.records import read_meta
 
 log = logging.getLogger("speclab")
 

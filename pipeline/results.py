@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from pipeline.job_inputs import job_inputs
 from pipeline.jobs import config_hash
-from pipeline.parquet import write_parquet
+from store.records import write_parquet
 
 
 def now() -> str:

@@ -27,10 +27,11 @@ from pipeline.errors import error_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
 from pipeline.job_runs import JobRuns  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
-from pipeline.parquet import check_stage_file  # noqa: E402
 from pipeline.results import now, provenance, write_result  # noqa: E402
-from pipeline.stages import STAGES, stage_module  # noqa: E402
+from pipeline.stages import stage_module  # noqa: E402
 from pipeline.tracking import end_open_parent  # noqa: E402
+from store.layout import STAGES  # noqa: E402
+from store.records import check_stage_file  # noqa: E402
 
 register()
 log = logging.getLogger("speclab")

@@ -19,7 +19,7 @@ def headline(metrics: dict[str, float], n: int = 2) -> str:
 
 
 def write_job_record(folder: Path, record: dict[str, Any]) -> None:
-    from pipeline.files import atomic_write_text
+    from store.files import atomic_write_text
 
     atomic_write_text(folder / RECORD, json.dumps(record, indent=1, default=str))
 

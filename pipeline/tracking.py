@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +19,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.mlflow_probe import first_line, unreachable
+from store.mlflow_probe import first_line, unreachable
+from store.records import git_commit
 
 # Bound MLflow's own HTTP retries (by default minutes against a dead server) unless the user chose.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -32,30 +32,6 @@ PACKAGES = ("torch", "transformers", "speclab", "mlflow", "hydra-core", "numpy",
 DOWN_ENV = "SPECLAB_TRACKING_DOWN"
 _down: dict[str, str] = {}  # tracking URI -> why it cannot be used, found out once per process
 _said: set[str] = set()  # URIs whose outage was already reported by this process
-
-
-def flatten(cfg: DictConfig) -> dict[str, Any]:
-    """Dotted keys of the resolved config (hydra's own section excluded)."""
-    container = OmegaConf.to_container(cfg, resolve=True)
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), value)
-        else:
-            out[prefix] = node
-
-    walk("", {k: v for k, v in container.items() if k != "hydra"})
-    return out
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def environment_tags(device: str, dtype: str) -> dict[str, str]:
@@ -105,18 +81,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-# Config keys that say where or how a job ran, not what it measured: kept out of a run's params.
-NOISE_PARAMS = ("outputs_dir", "force", "threads", "mlflow.", "campaign")
 # Hydra groups whose chosen option names a run's setting (``prompts: smoke``, ``sweep: speed``).
 GROUPS = ("pair", "prompts", "stage", "sampling", "drafter", "k_policy", "sweep", "launcher")
 PARENT_ENV = "SPECLAB_PARENT_RUN"  # the multirun's run, for its jobs (also in launcher subprocesses)
 PARENT_URI_ENV = "SPECLAB_PARENT_URI"
-
-
-def run_params(cfg: DictConfig) -> dict[str, Any]:
-    """The settings a run is compared by (an option's ``_target_`` class is not one)."""
-    return {k: v for k, v in flatten(cfg).items()
-            if not k.startswith(NOISE_PARAMS) and k.rsplit(".", 1)[-1] != "_target_"}
 
 
 def _cpu_model() -> str:

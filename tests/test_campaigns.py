@@ -13,7 +13,7 @@ from analysis import drift, jobs
 from analysis.common import read_stage, run_script
 from analysis.inputs import AnalysisError
 from analysis.jobs import job_table
-from pipeline.parquet import read_meta, write_parquet
+from store.records import read_meta, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "outputs" / "campaigns" / "reference"

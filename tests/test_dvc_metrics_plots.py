@@ -21,7 +21,7 @@ DECLARED_PLOTS = {"speedup_by_k", "speedup_predicted_vs_measured", "alpha_by_k",
                   "time_model_predicted_vs_measured"}
 ANALYSIS_MODULES = ("fit", "breakeven", "strategies", "report", "drift", "correctness", "jobs", "headline", "publish",
                     "time_model", "recommend")
-LOCAL_PACKAGES = ("analysis", "speclab", "pipeline")
+LOCAL_PACKAGES = ("analysis", "speclab", "pipeline", "store")
 
 needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
 
@@ -86,6 +86,8 @@ def test_every_stage_lists_the_code_it_imports():
         assert {"analysis/common.py", f"analysis/{name}.py"} <= needed
         missing = needed - set(stage["deps"])
         assert not missing, f"stage {name}: imports {sorted(missing)} but does not list them as deps"
+        unused = {d for d in stage["deps"] if d.endswith(".py")} - needed
+        assert not unused, f"stage {name}: lists {sorted(unused)} as deps but does not import them"
     assert set(stages) >= {f"{m}" for m in ANALYSIS_MODULES}
 
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.jobs import config_hash, output_path
-from pipeline.parquet import check_stage_file, read_meta
+from store.records import check_stage_file, read_meta
 from pipeline.run import run_parts
 from pipeline.stages import acceptance
 from pipeline_helpers import make_cfg
@@ -160,7 +160,7 @@ def test_files_are_readable_by_others(tmp_path):
 def test_full_disk_after_compute_keeps_the_rows(tmp_path, monkeypatch):
     import errno
 
-    import pipeline.parquet as parquet
+    import store.records as parquet
 
     cfg = make_cfg(tmp_path, *FAST)
     real, calls = parquet.atomic_write, []

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.recommend import check
-from pipeline.best_fixed import best_fixed
+from store.best_fixed import best_fixed
 
 BOOT = {"samples": 200, "seed": 0, "level": 0.95}
 
@@ -187,7 +187,7 @@ def test_a_job_that_follows_a_plan_or_schema_defaults_is_a_new_job_when_they_cha
     from pipeline.config_schema import CostModelKConf
     from pipeline.job_inputs import freeze, latest_plan_file
     from pipeline.jobs import campaign_dir, config_hash
-    from pipeline.parquet import write_parquet
+    from store.records import write_parquet
     from tests.pipeline_helpers import make_cfg
 
     check = make_cfg(tmp_path, "stage=speed", "stage.recommended=true")

@@ -132,7 +132,7 @@ def test_a_new_drafter_option_file_is_checked_and_built(tmp_path, monkeypatch, t
     from hydra import compose, initialize_config_dir
 
     import pipeline.config_schema as schema
-    from pipeline.stages import STAGES
+    from store.layout import STAGES
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
@@ -154,7 +154,7 @@ def test_a_new_drafter_option_file_is_checked_and_built(tmp_path, monkeypatch, t
 def test_target_keys_name_no_job_and_no_param(tmp_path, overrides):
     """An option's class is not what a job measures: its hash and its MLflow params leave ``_target_`` out."""
     from pipeline.jobs import config_hash
-    from pipeline.tracking import run_params
+    from pipeline.jobs import run_params
 
     cfg = make_cfg(tmp_path, *overrides)
     plain = OmegaConf.to_container(cfg)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.best_fixed import best_fixed
+from store.best_fixed import best_fixed
 from pipeline.jobs import output_path
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg

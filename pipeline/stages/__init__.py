@@ -10,8 +10,6 @@ from typing import Any
 
 import pandas as pd
 
-STAGES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch", "plan")
-
 
 def stage_module(part: str) -> ModuleType:
     return importlib.import_module(f"pipeline.stages.{part}")

@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, ks_label, run_name, sampling_config, stage_ks
 from speclab.acceptance import alpha_hat

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import (
     IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, memory_columns, rotated, run_name, sampling_config,

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name, sampling_config
 from speclab.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution

@@ -7,7 +7,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, ks_label, run_name, stage_ks
 from speclab.divergence import classify, first_difference, recompute_logits

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline.context import StageContext
 from pipeline.jobs import output_path
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.planning import calibrate, predict_runs, recommend
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name

@@ -12,10 +12,10 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from pipeline.best_fixed import BestFixed
 from pipeline.context import StageContext
 from pipeline.job_inputs import find_best_fixed, latest_plan_file
-from pipeline.parquet import make_schema
+from store.best_fixed import BestFixed
+from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import (
     IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, ks_label, memory_columns, rotated, run_name, sampling_config,

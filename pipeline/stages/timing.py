@@ -6,7 +6,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from pipeline.context import StageContext
-from pipeline.parquet import make_schema
+from store.records import make_schema
 from pipeline.stages import StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns, run_name
 from speclab.step_costs import pass_times, prefill_times

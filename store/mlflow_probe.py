@@ -1,6 +1,6 @@
 """Is an MLflow tracking store usable? Found out in seconds, for the pipeline and the analysis alike.
 
-No Hydra or torch here: the analysis imports it too.
+It lives in the store (no Hydra or torch) because the analysis imports it too.
 """
 from __future__ import annotations
 

@@ -9,8 +9,11 @@ recommended arm. Both the speed stage (to name it) and the analysis (to report i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
+
+from store.layout import stage_paths
 
 BLOCK = ["config_hash", "round", "block"]
 
@@ -47,3 +50,10 @@ def best_fixed(speed: pd.DataFrame) -> BestFixed | None:
     top = med.sort_values(["speedup", "k", "drafter"], ascending=[False, True, True]).iloc[0]
     return BestFixed(str(top.drafter), int(top.k), float(top.speedup), len(med),
                      len(rows[BLOCK].drop_duplicates()))
+
+
+def find_best_fixed(outputs_dir: str | Path, campaign: str, pair: str) -> BestFixed | None:
+    """The best fixed configuration of ``pair``'s exploratory checks in ``campaign``, if any."""
+    files = stage_paths(outputs_dir, campaign, "speed", pair)
+    speed = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    return best_fixed(speed) if not speed.empty else None
