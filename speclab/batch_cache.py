@@ -81,7 +81,7 @@ class RaggedKV:
             self.pos = torch.cat([self.pos, idx], dim=1)
             self.seen = upto.clone()
             self.dense = self.dense and uniform
-            if self._window is not None and self.width > self._window:
+            if self._window is not None and not self.dense and self.width > self._window:
                 # HF's sliding window counts physical columns; holes would shift it against batch 1.
                 raise NotImplementedError(f"a batch wider than the model's sliding window ({self._window}) "
                                           "would not be exact; use a shorter generation or batch 1")
