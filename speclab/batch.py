@@ -1,5 +1,9 @@
 """Batched decoding over B prompts of different lengths: a plain baseline and speculative decoding.
 
+The speculative step is ``speclab.step``'s, the same one ``speculative_generate`` runs on one row;
+this module turns its per-row records into batch statistics. Any drafter runs batched (the draft
+model, prompt lookup, the hybrid) with a fixed k or a k policy per row.
+
 Exact by construction: every row of ``batch_speculative_generate`` (greedy) equals that prompt's
 batch-1 ``plain_greedy`` output, and sampled rows keep the target's distribution, because each
 row sees exactly the keys, values and position ids it would see alone.
@@ -14,14 +18,16 @@ un-masking a rejected slot. Here (``speclab.batch_cache.RaggedKV``):
 - **Cache**: both models keep one ``DynamicCache`` in which every row has the same physical
   width. A row's rejected proposals *stay* in the cache but are masked out in that row's
   attention mask; only the suffix of columns that *no* row kept is cropped (``crop``). At batch 1
-  that suffix is every rejected slot, so B = 1 runs exactly like the batch-1 loop, without a mask.
+  that suffix is every rejected slot, so B = 1 runs without a mask (it *is* the batch-1 loop).
 - **Positions**: each column remembers the logical position of its token; new tokens get position
   ids continuing from their own row's logical length, never from the physical width. Causality is
   physical (HF's causal mask), which is right because valid columns stay in logical order.
 - **Inputs**: a model is fed, per row, the tokens it has not run yet, right-aligned in a shared
-  width; rows with fewer get masked dummy slots on the left. The target always has exactly one
-  (the last accepted token) plus the k proposals; the draft has one, or two after an
-  all-accepted iteration (its last proposal and the bonus token), like the batch-1 drafter.
+  width; rows with fewer get masked dummy slots on the left. The target has one (the last
+  accepted token) plus the row's proposals, which may number fewer than the widest row's (a
+  policy per row, lookup matches of different lengths, a hybrid's lookup rows); the draft has
+  one, or two after an all-accepted iteration (its last proposal and the bonus token), or more
+  after iterations it sat out; a row that has made its proposals feeds dummies while others go on.
 - **Holes** accumulate (columns masked in some rows, kept in others). They cost attention work,
   reported as ``masked_share``; when the excess over a hole-free left-padded layout passes
   ``compact_at`` of the longest row, ``compact`` re-packs valid columns with one gather per layer.
@@ -36,8 +42,9 @@ and row drops/compaction (``realign_s``) is measured per iteration with device s
 (``layout_s`` is their sum). Not in it: the 4-D mask HF builds from the 2-D one inside each
 forward pass (``generate()`` pays the same), which is part of ``draft_s`` / ``verify_s``.
 
-Limits: models with sliding-window layers are exact only while the physical width stays within
-the window (checked; HF's window counts physical columns), and their caches are never re-packed.
+Limits: models with sliding-window layers are exact only while the layout is dense (one row, or
+rows that never diverge) or the physical width stays within the window (checked; HF's window
+counts physical columns), and their caches are never re-packed.
 
 Acceptance is per row: greedy is ``accept_greedy`` vectorised over rows and proposals
 (``batch_accept_greedy``); sampling applies the batch-1 rule functions of
