@@ -60,7 +60,7 @@ import torch
 
 from speclab.acceptance import AcceptRule, accept_sample, batch_accept_greedy  # noqa: F401 - re-exported
 from speclab.batch_cache import RaggedKV
-from speclab.drafters import RowDrafter
+from speclab.drafters import Drafter
 from speclab.k_policy import KPolicy
 from speclab.sampling import GREEDY, SamplingConfig, logits_to_probs
 from speclab.step import Rows, check_budget, eos_tensor, run_speculative
@@ -72,7 +72,7 @@ class BatchIterationStats:
     """One batched pass (plain: a decode step, k = 0) or draft-verify-rollback iteration."""
 
     rows: int  # rows in the batch during this iteration (finished rows have left)
-    k: int  # proposals per row
+    k: int  # proposals per row (the widest row's, when rows propose different numbers)
     accepted: int  # summed over rows
     checked: int  # proposals the target judged, summed over rows
     bonus_rows: int  # rows that accepted all k proposals
@@ -222,7 +222,7 @@ def batch_plain_generate(model: torch.nn.Module, prompts: list[torch.Tensor], ma
 
 
 @torch.inference_mode()
-def batch_speculative_generate(target: torch.nn.Module, draft_model: torch.nn.Module | RowDrafter,
+def batch_speculative_generate(target: torch.nn.Module, draft_model: torch.nn.Module | Drafter,
                                prompts: list[torch.Tensor], max_new_tokens: int, k: int | KPolicy = 4,
                                sampling: SamplingConfig = GREEDY, eos_token_id: int | list[int] | None = None,
                                generator: torch.Generator | None = None, rule: AcceptRule = accept_sample,

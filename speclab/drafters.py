@@ -1,4 +1,4 @@
-"""Drafters propose tokens for the target to verify. The loop only sees this interface."""
+"""Drafters propose tokens for the target to verify, for every row of a batch (one row at batch 1)."""
 from __future__ import annotations
 
 from typing import Hashable, Protocol
@@ -9,7 +9,7 @@ from speclab.batch_cache import RaggedKV
 from speclab.sampling import SamplingConfig, logits_to_probs
 
 
-class Drafter(Protocol):
+class OneRowDrafter(Protocol):
     """A one-row drafter, for ``speculative_generate`` only (wrapped in ``OneRow``). Optionally also
     ``label(ids, length)``: what the next proposal will rest on, before it is made; a policy with
     ``condition`` then gets it."""
@@ -25,7 +25,7 @@ class Drafter(Protocol):
         """Only ``ids[0, :valid_length]`` is still part of the output."""
 
 
-class RowDrafter(Protocol):
+class Drafter(Protocol):
     """A drafter over the rows of a batch (one row at batch 1); what ``speclab.step`` drives.
 
     ``seq`` [B, L] holds each row's tokens left-aligned (column = logical position); lengths come as a
@@ -146,11 +146,11 @@ class ModelDrafter:
 
 
 class OneRow:
-    """A one-row ``Drafter`` (start/propose/rollback) in the row interface, for batch 1."""
+    """A ``OneRowDrafter`` (start/propose/rollback) in the row interface, for batch 1."""
 
     last_dummies = 0
 
-    def __init__(self, drafter: Drafter) -> None:
+    def __init__(self, drafter: OneRowDrafter) -> None:
         self.drafter = drafter
         self.labelled = hasattr(drafter, "label")
         self._length = 0
@@ -192,7 +192,7 @@ class OneRow:
         return []
 
 
-def row_drafter(drafter: object) -> RowDrafter:
+def row_drafter(drafter: object) -> Drafter:
     """A drafter in the row interface: a draft model becomes a ``ModelDrafter``, a one-row drafter a ``OneRow``."""
     if isinstance(drafter, torch.nn.Module):
         return ModelDrafter(drafter)

@@ -8,7 +8,7 @@ import torch
 
 from speclab.acceptance import AcceptRule, accept_sample, checked_proposals
 from speclab.cache import forward_logits, new_cache
-from speclab.drafters import Drafter, RowDrafter
+from speclab.drafters import Drafter, OneRowDrafter
 from speclab.k_policy import KPolicy
 from speclab.sampling import GREEDY, SamplingConfig, choose_token
 from speclab.step import check_budget, run_speculative
@@ -133,7 +133,7 @@ def plain_greedy(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens
 
 
 @torch.inference_mode()
-def speculative_generate(target: torch.nn.Module, drafter: Drafter | RowDrafter | torch.nn.Module,
+def speculative_generate(target: torch.nn.Module, drafter: Drafter | OneRowDrafter | torch.nn.Module,
                          input_ids: torch.Tensor, max_new_tokens: int, k: int | KPolicy = 4,
                          sampling: SamplingConfig = GREEDY, eos_token_id: int | list[int] | None = None,
                          generator: torch.Generator | None = None,

@@ -21,7 +21,7 @@ import torch
 
 from speclab.acceptance import AcceptRule, batch_accept_greedy
 from speclab.batch_cache import RaggedKV
-from speclab.drafters import RowDrafter, row_drafter
+from speclab.drafters import Drafter, row_drafter
 from speclab.k_policy import KPolicy, RowPolicies
 from speclab.sampling import SamplingConfig, logits_to_probs
 from speclab.timing import Stopwatch, synchronize
@@ -139,7 +139,7 @@ class Step:
     total_s: float = 0.0
 
 
-def speculative_step(target: RaggedKV, drafter: RowDrafter, policies: RowPolicies, st: Rows, cap: int,
+def speculative_step(target: RaggedKV, drafter: Drafter, policies: RowPolicies, st: Rows, cap: int,
                      limit: torch.Tensor, eos: torch.Tensor, sampling: SamplingConfig,
                      generator: torch.Generator | None, rule: AcceptRule) -> Step:
     """One draft-verify-rollback iteration of every row; rows then hold their new tokens in ``st``.

@@ -13,7 +13,7 @@ import torch
 
 from speclab.batch import batch_speculative_generate
 from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
-from speclab.k_policy import ConditionedK, CostModelK, FixedK
+from speclab.k_policy import ConditionedK, CostModelK
 from speclab.loop import plain_greedy, speculative_generate
 from speclab.models import tiny_random_model
 from speclab.time_model import CostTable
