@@ -62,8 +62,9 @@ from speclab.acceptance import AcceptRule, accept_sample, batch_accept_greedy  #
 from speclab.batch_cache import RaggedKV
 from speclab.drafters import Drafter
 from speclab.k_policy import KPolicy
+from speclab.rows import Rows, check_budget, eos_tensor
 from speclab.sampling import GREEDY, SamplingConfig, logits_to_probs
-from speclab.step import Rows, check_budget, eos_tensor, run_speculative
+from speclab.step import run_speculative
 from speclab.timing import Stopwatch, synchronize
 
 

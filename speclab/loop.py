@@ -10,8 +10,9 @@ from speclab.acceptance import AcceptRule, accept_sample, checked_proposals
 from speclab.cache import forward_logits, new_cache
 from speclab.drafters import Drafter, OneRowDrafter
 from speclab.k_policy import KPolicy
+from speclab.rows import check_budget
 from speclab.sampling import GREEDY, SamplingConfig, choose_token
-from speclab.step import check_budget, run_speculative
+from speclab.step import run_speculative
 from speclab.timing import Stopwatch, synchronize
 
 

@@ -158,7 +158,7 @@ def test_row_forms_propose_what_each_row_would_alone(setup, hybrid):
     would propose for that row alone."""
     from speclab.drafters import lookup_continuation
     from speclab.sampling import GREEDY
-    from speclab.step import Rows
+    from speclab.rows import Rows
 
     target, draft, prompts, plain, _, _ = setup
     rows = [torch.cat([p, torch.tensor(out[:6])]) for p, out in zip(prompts[:5], plain)]  # cycles: lookup matches
