@@ -186,3 +186,17 @@ def test_row_forms_propose_what_each_row_would_alone(setup, hybrid):
         st.length, st.length_h = st.length + n + 1, [x + a + 1 for x, a in zip(st.length_h, accepted)]
     if hybrid:
         assert d.lookup_iterations and d.model_iterations
+
+
+@pytest.mark.parametrize("arm", ["model-cost-table", "lookup-fixed"])
+def test_equal_length_prompts_start_dense_and_stay_exact_when_rows_diverge(setup, arm):
+    """Prompts of one length run without a mask until rows accept different numbers of proposals;
+    the masks and positions built at that moment must describe the columns already there."""
+    target, draft, _, _, _, _ = setup
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, V, (7,), generator=g) for _ in range(4)]
+    plain = [plain_greedy(target, p[None], N_NEW).tokens for p in prompts]
+    drafter, k = ARMS[arm](draft)
+    res = batch_speculative_generate(target, drafter, prompts, N_NEW, k=k, compact_at=None)
+    assert res.tokens == plain
+    assert max(it.masked_share for it in res.iterations) > 0  # the rows did diverge
