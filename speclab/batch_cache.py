@@ -67,19 +67,14 @@ class RaggedKV:
         """[B, P] valid columns."""
         return self._layout()[0]
 
-    @mask.setter
-    def mask(self, value: torch.Tensor) -> None:
-        self._mask = value
-        self._rows, self._width = value.shape
-
     @property
     def pos(self) -> torch.Tensor:
         """[B, P] logical positions."""
         return self._layout()[1]
 
-    @pos.setter
-    def pos(self, value: torch.Tensor) -> None:
-        self._pos = value
+    def _set(self, mask: torch.Tensor, pos: torch.Tensor) -> None:
+        self._mask, self._pos = mask, pos
+        self._rows, self._width = mask.shape
 
     @property
     def width(self) -> int:
@@ -113,8 +108,7 @@ class RaggedKV:
             # A dummy slot reads some earlier token of its row; it is masked, so which one is irrelevant.
             idx = idx.clamp(min=0)
             ids = seq.gather(1, idx)
-            self.mask = torch.cat([self.mask, valid], dim=1)
-            self.pos = torch.cat([self.pos, idx], dim=1)
+            self._set(torch.cat([self.mask, valid], dim=1), torch.cat([self.pos, idx], dim=1))
             self.seen = upto.clone()
             self.dense = self.dense and uniform
             if self._window is not None and not self.dense and self.width > self._window:
@@ -133,14 +127,14 @@ class RaggedKV:
         ``ragged``: rows lost different numbers of columns, so holes now exist.
         """
         if self._mask is not None or ragged:  # dense rows that all lose the same suffix: the crop is all
-            self.mask &= self.pos < valid_length[:, None]
+            self._set(self.mask & (self.pos < valid_length[:, None]), self.pos)
         self.seen = torch.minimum(self.seen, valid_length)
         if n_crop > 0:
             crop_to(self.cache, self.width - n_crop)
             if self._mask is None:
                 self._width -= n_crop
             else:
-                self.mask, self.pos = self.mask[:, :-n_crop], self.pos[:, :-n_crop]
+                self._set(self.mask[:, :-n_crop], self.pos[:, :-n_crop])
         self.dense = self.dense and not ragged
 
     def masked_slots(self) -> torch.Tensor:
@@ -163,14 +157,15 @@ class RaggedKV:
                 g = idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
                 layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
         if isinstance(idx, slice):
-            self.mask, self.pos = self.mask[:, idx], self.pos[:, idx]
+            self._set(self.mask[:, idx], self.pos[:, idx])
         else:
-            self.mask, self.pos = self.mask.gather(1, idx), self.pos.gather(1, idx)
+            self._set(self.mask.gather(1, idx), self.pos.gather(1, idx))
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (finished rows leave the batch), then drop leading columns no row uses."""
         self.cache.batch_select_indices(rows)
-        self.mask, self.pos, self.seen = self.mask[rows], self.pos[rows], self.seen[rows]
+        self._set(self.mask[rows], self.pos[rows])
+        self.seen = self.seen[rows]
         if self._plain() and self.width:
             # The longest prompt may have left: its padding columns are now padding for everyone.
             first = int(self.mask.any(dim=0).to(torch.int8).argmax())
