@@ -38,6 +38,24 @@ def accept_greedy(proposals: torch.Tensor, target_logits: torch.Tensor) -> tuple
     return n, int(best[n])
 
 
+def batch_accept_greedy(proposals: torch.Tensor, target_logits: torch.Tensor,
+                        counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``accept_greedy`` for every row: proposals [B, k], logits [B, k + 1, V] -> (n accepted [B], next token [B]).
+
+    ``counts`` [B]: row b made only counts[b] proposals (the first ones) and its logits are the last
+    counts[b] + 1 rows (right-aligned, as a ragged pass feeds them).
+    """
+    best = target_logits.argmax(dim=-1)
+    k = proposals.shape[1]
+    match = best[:, :k] == proposals
+    if counts is not None:
+        steps = torch.arange(k + 1, device=best.device)
+        best = best.gather(1, (steps + (k - counts)[:, None]).clamp(max=k))
+        match = (best[:, :k] == proposals) & (steps[:k] < counts[:, None])
+    n = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)
+    return n, best.gather(1, n[:, None]).squeeze(1)
+
+
 def _coin_flips(proposals: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                 generator: torch.Generator | None) -> int:
     """Accept proposal i with probability min(1, p_i(x_i) / q_i(x_i)); return the accepted prefix."""

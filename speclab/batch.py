@@ -1,5 +1,9 @@
 """Batched decoding over B prompts of different lengths: a plain baseline and speculative decoding.
 
+The speculative step is ``speclab.step``'s, the same one ``speculative_generate`` runs on one row;
+this module turns its per-row records into batch statistics. Any drafter runs batched (the draft
+model, prompt lookup, the hybrid) with a fixed k or a k policy per row.
+
 Exact by construction: every row of ``batch_speculative_generate`` (greedy) equals that prompt's
 batch-1 ``plain_greedy`` output, and sampled rows keep the target's distribution, because each
 row sees exactly the keys, values and position ids it would see alone.
@@ -14,14 +18,16 @@ un-masking a rejected slot. Here (``speclab.batch_cache.RaggedKV``):
 - **Cache**: both models keep one ``DynamicCache`` in which every row has the same physical
   width. A row's rejected proposals *stay* in the cache but are masked out in that row's
   attention mask; only the suffix of columns that *no* row kept is cropped (``crop``). At batch 1
-  that suffix is every rejected slot, so B = 1 runs exactly like the batch-1 loop, without a mask.
+  that suffix is every rejected slot, so B = 1 runs without a mask (it *is* the batch-1 loop).
 - **Positions**: each column remembers the logical position of its token; new tokens get position
   ids continuing from their own row's logical length, never from the physical width. Causality is
   physical (HF's causal mask), which is right because valid columns stay in logical order.
 - **Inputs**: a model is fed, per row, the tokens it has not run yet, right-aligned in a shared
-  width; rows with fewer get masked dummy slots on the left. The target always has exactly one
-  (the last accepted token) plus the k proposals; the draft has one, or two after an
-  all-accepted iteration (its last proposal and the bonus token), like the batch-1 drafter.
+  width; rows with fewer get masked dummy slots on the left. The target has one (the last
+  accepted token) plus the row's proposals, which may number fewer than the widest row's (a
+  policy per row, lookup matches of different lengths, a hybrid's lookup rows); the draft has
+  one, or two after an all-accepted iteration (its last proposal and the bonus token), or more
+  after iterations it sat out; a row that has made its proposals feeds dummies while others go on.
 - **Holes** accumulate (columns masked in some rows, kept in others). They cost attention work,
   reported as ``masked_share``; when the excess over a hole-free left-padded layout passes
   ``compact_at`` of the longest row, ``compact`` re-packs valid columns with one gather per layer.
@@ -36,8 +42,9 @@ and row drops/compaction (``realign_s``) is measured per iteration with device s
 (``layout_s`` is their sum). Not in it: the 4-D mask HF builds from the 2-D one inside each
 forward pass (``generate()`` pays the same), which is part of ``draft_s`` / ``verify_s``.
 
-Limits: models with sliding-window layers are exact only while the physical width stays within
-the window (checked; HF's window counts physical columns), and their caches are never re-packed.
+Limits: models with sliding-window layers are exact only while the layout is dense (one row, or
+rows that never diverge) or the physical width stays within the window (checked; HF's window
+counts physical columns), and their caches are never re-packed.
 
 Acceptance is per row: greedy is ``accept_greedy`` vectorised over rows and proposals
 (``batch_accept_greedy``); sampling applies the batch-1 rule functions of
@@ -51,9 +58,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.acceptance import AcceptRule, accept_sample
+from speclab.acceptance import AcceptRule, accept_sample, batch_accept_greedy  # noqa: F401 - re-exported
 from speclab.batch_cache import RaggedKV
+from speclab.drafters import Drafter
+from speclab.k_policy import KPolicy
+from speclab.rows import Rows, check_budget, eos_tensor
 from speclab.sampling import GREEDY, SamplingConfig, logits_to_probs
+from speclab.step import run_speculative
 from speclab.timing import Stopwatch, synchronize
 
 
@@ -62,7 +73,7 @@ class BatchIterationStats:
     """One batched pass (plain: a decode step, k = 0) or draft-verify-rollback iteration."""
 
     rows: int  # rows in the batch during this iteration (finished rows have left)
-    k: int  # proposals per row
+    k: int  # proposals per row (the widest row's, when rows propose different numbers)
     accepted: int  # summed over rows
     checked: int  # proposals the target judged, summed over rows
     bonus_rows: int  # rows that accepted all k proposals
@@ -125,14 +136,6 @@ class BatchResult:
         return sum(it.layout_s for it in self.iterations) / total if total > 0 else float("nan")
 
 
-def batch_accept_greedy(proposals: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``accept_greedy`` for every row: proposals [B, k], logits [B, k + 1, V] -> (n accepted [B], next token [B])."""
-    best = target_logits.argmax(dim=-1)
-    k = proposals.shape[1]
-    n = torch.cumprod((best[:, :k] == proposals).to(torch.int64), dim=1).sum(dim=1)
-    return n, best.gather(1, n[:, None]).squeeze(1)
-
-
 def _rows(prompts: list[torch.Tensor]) -> list[torch.Tensor]:
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of token id tensors")
@@ -150,61 +153,11 @@ def _rows(prompts: list[torch.Tensor]) -> list[torch.Tensor]:
     return rows
 
 
-def _buffer(rows: list[torch.Tensor], extra: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token buffer [B, max_len + extra], each row left-aligned (column = logical position), and lengths."""
-    lens = [p.shape[0] for p in rows]
-    seq = torch.zeros((len(rows), max(lens) + extra), dtype=torch.long, device=rows[0].device)
-    for b, p in enumerate(rows):
-        seq[b, : lens[b]] = p
-    return seq, torch.tensor(lens, device=seq.device)
-
-
-def _eos_tensor(eos_token_id: int | list[int] | None, device: torch.device) -> torch.Tensor:
-    ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    return torch.tensor(ids, dtype=torch.long, device=device)
-
-
-def _check_budget(max_new_tokens: int) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
-
-
 def _choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of logits [B, V]."""
     if not sampling.do_sample:
         return logits.argmax(dim=-1)
     return torch.multinomial(logits_to_probs(logits, sampling), 1, generator=generator).squeeze(1)
-
-
-class _Rows:
-    """Per-row state of a batch in flight; finished rows are moved out into ``outputs``."""
-
-    def __init__(self, rows: list[torch.Tensor], extra: int) -> None:
-        self.seq, self.plen = _buffer(rows, extra)
-        self.length = self.plen.clone()
-        self.row_id = torch.arange(len(rows), device=self.seq.device)
-        self.row_ids = list(range(len(rows)))  # host copy of row_id
-        self.outputs: list[list[int] | None] = [None] * len(rows)
-        self.plen_host = self.plen.tolist()
-
-    @property
-    def active(self) -> int:
-        return len(self.row_ids)
-
-    def finish(self, done: list[bool], final_len: list[int]) -> torch.Tensor | None:
-        """Store finished rows' outputs; the batch positions that stay (None when none finished)."""
-        if not any(done):
-            return None
-        for b, (d, n) in enumerate(zip(done, final_len)):
-            if d:
-                self.outputs[self.row_ids[b]] = self.seq[b, self.plen_host[b]: n].tolist()
-        keep_host = [b for b, d in enumerate(done) if not d]
-        keep = torch.tensor(keep_host, dtype=torch.long, device=self.seq.device)
-        self.seq, self.plen, self.length, self.row_id = (
-            self.seq[keep], self.plen[keep], self.length[keep], self.row_id[keep])
-        self.row_ids = [self.row_ids[b] for b in keep_host]
-        self.plen_host = [self.plen_host[b] for b in keep_host]
-        return keep
 
 
 @torch.inference_mode()
@@ -213,16 +166,16 @@ def batch_plain_generate(model: torch.nn.Module, prompts: list[torch.Tensor], ma
                          generator: torch.Generator | None = None) -> BatchResult:
     """One target pass per token for all unfinished rows (left padding, mask, explicit positions)."""
     rows = _rows(prompts)
-    _check_budget(max_new_tokens)
+    max_new_tokens = check_budget(max_new_tokens)
     device = rows[0].device
-    eos = _eos_tensor(eos_token_id, device)
-    st = _Rows(rows, max_new_tokens + 1)
+    eos = eos_tensor(eos_token_id, device)
+    st = Rows(rows, max_new_tokens + 1)
     kv = RaggedKV(model, len(rows), device)
-    longest = max(st.plen_host)
+    longest = max(st.plen_h)
 
     synchronize(device)
     t0 = time.perf_counter()
-    logits = kv.feed(st.seq, st.plen, longest, len(set(st.plen_host)) == 1, 1)[:, -1]
+    logits = kv.feed(st.seq, st.plen, longest, len(set(st.plen_h)) == 1, 1)[:, -1]
     tok = _choose(logits, sampling, generator)
     synchronize(device)
     prefill_s = time.perf_counter() - t0
@@ -249,7 +202,7 @@ def batch_plain_generate(model: torch.nn.Module, prompts: list[torch.Tensor], ma
             with a_sw:
                 keep = st.finish(done, st.length.tolist())
                 if st.active:
-                    kv.select(keep)
+                    kv.select(keep[0])
                     masked = int(kv.masked_slots())
         if not st.active:
             break
@@ -269,153 +222,34 @@ def batch_plain_generate(model: torch.nn.Module, prompts: list[torch.Tensor], ma
                        iterations)
 
 
-def _propose(draft: RaggedKV, st: _Rows, k: int, pending: list[int], sampling: SamplingConfig,
-             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """k proposals per row [B, k] (written into ``st.seq`` after each row's tokens) and their distributions [B, k, V]."""
-    qs = []
-    m0 = max(pending)
-    for i in range(k):
-        upto = st.length + i
-        if i == 0:
-            logits = draft.feed(st.seq, upto, m0, min(pending) == m0, 1)[:, -1]
-        else:
-            logits = draft.feed(st.seq, upto, 1, True, 1)[:, -1]
-        if sampling.do_sample:
-            q = logits_to_probs(logits, sampling)
-            x = torch.multinomial(q, 1, generator=generator)
-            qs.append(q)
-        else:
-            x = logits.argmax(dim=-1, keepdim=True)
-        st.seq.scatter_(1, upto[:, None], x)
-    props = st.seq.gather(1, st.length[:, None] + torch.arange(k, device=st.seq.device))
-    return props, (torch.stack(qs, dim=1) if qs else None)
-
-
-def _accept(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, sampling: SamplingConfig,
-            generator: torch.Generator | None, rule: AcceptRule) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accepted counts [B] and the target's next token [B], row by row with the batch-1 rules when sampling."""
-    if not sampling.do_sample:
-        return batch_accept_greedy(proposals, logits)
-    p = logits_to_probs(logits, sampling)  # all rows and positions in one call
-    if q is None:  # k = 0: nothing proposed, the rules then draw from p[0]
-        q = p[:, :0]
-    # The rules are pure functions of one row (vectorised over its proposals); B calls per iteration.
-    res = [rule(proposals[b], p[b], q[b], generator) for b in range(proposals.shape[0])]
-    n = torch.tensor([r[0] for r in res], device=proposals.device)
-    return n, torch.tensor([r[1] for r in res], device=proposals.device)
-
-
 @torch.inference_mode()
-def batch_speculative_generate(target: torch.nn.Module, draft_model: torch.nn.Module, prompts: list[torch.Tensor],
-                               max_new_tokens: int, k: int = 4, sampling: SamplingConfig = GREEDY,
-                               eos_token_id: int | list[int] | None = None,
+def batch_speculative_generate(target: torch.nn.Module, draft_model: torch.nn.Module | Drafter,
+                               prompts: list[torch.Tensor], max_new_tokens: int, k: int | KPolicy = 4,
+                               sampling: SamplingConfig = GREEDY, eos_token_id: int | list[int] | None = None,
                                generator: torch.Generator | None = None, rule: AcceptRule = accept_sample,
                                compact_at: float | None = 0.25) -> BatchResult:
-    """Draft k tokens per row, verify all rows in one target pass, keep each row's accepted prefix.
+    """Draft up to k tokens per row, verify all rows in one target pass, keep each row's accepted prefix.
 
+    ``draft_model``: a draft model (a ``ModelDrafter``) or a row drafter (``ModelDrafter``,
+    ``PromptLookupDrafter``, ``HybridDrafter``). ``k``: a fixed number of proposals or a k policy;
+    each row runs its own copy of the policy (its own k and, with ``ConditionedK``, its own labels).
     ``rule`` is the sampling acceptance rule applied to each row (the wrong ones exist for tests);
     greedy uses ``accept_greedy`` semantics. ``compact_at``: re-pack a cache when its columns exceed
     a hole-free layout by this share of the longest row (None: never).
     """
     rows = _rows(prompts)
-    _check_budget(max_new_tokens)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k={k!r} is not allowed: use an integer >= 1")
-    device = rows[0].device
-    eos = _eos_tensor(eos_token_id, device)
-    st = _Rows(rows, max_new_tokens + k + 2)
-    tkv, dkv = RaggedKV(target, len(rows), device), RaggedKV(draft_model, len(rows), device)
-    steps = torch.arange(k + 1, device=device)
-    acc = torch.zeros(len(rows), dtype=torch.long, device=device)
-    prop, chk = torch.zeros_like(acc), torch.zeros_like(acc)
-
-    synchronize(device)
-    t0 = time.perf_counter()
-    # Both models see all but the last prompt token; the first verification pass covers it.
-    m = max(st.plen_host) - 1
-    if m:
-        uniform = len(set(st.plen_host)) == 1
-        tkv.feed(st.seq, st.plen - 1, m, uniform, 1)
-        dkv.feed(st.seq, st.plen - 1, m, uniform, 1)
-    synchronize(device)
-    prefill_s = time.perf_counter() - t0
-
-    iterations: list[BatchIterationStats] = []
-    generated = [0] * len(rows)  # host copy, per active row
-    pending = [1] * len(rows)  # tokens the draft has not run yet, per active row
-    while st.active:
-        t_iter = time.perf_counter()
-        rows_now = st.active
-        # Never propose past the largest remaining budget; rows with less are truncated afterwards.
-        k_eff = min(k, max_new_tokens - min(generated) - 1)
-        d_sw, v_sw, r_sw, a_sw = (Stopwatch(device) for _ in range(4))
-        m0 = tkv.layout.seconds + dkv.layout.seconds
-        with d_sw:
-            if k_eff:
-                props, q = _propose(dkv, st, k_eff, pending, sampling, generator)
-            else:
-                props, q = st.seq.new_empty((rows_now, 0)), None
-        with v_sw:
-            logits = tkv.feed(st.seq, st.length + k_eff, k_eff + 1, True, k_eff + 1)
-            n, nxt = _accept(props, q, logits, sampling, generator, rule)
-        with r_sw:
-            st.seq.scatter_(1, (st.length + n)[:, None], nxt[:, None])
-            new_len = st.length + n + 1
-            limit = st.plen + max_new_tokens
-            if eos.numel():
-                # First EOS among this iteration's tokens (accepted proposals and the target's own token).
-                window = st.seq.gather(1, st.length[:, None] + steps[: k_eff + 1])
-                hit = torch.isin(window, eos) & (steps[: k_eff + 1] <= n[:, None])
-                has_eos = hit.any(dim=1)
-                final = torch.minimum(torch.where(has_eos, st.length + hit.to(torch.int32).argmax(dim=1) + 1, new_len),
-                                      limit)
-                done = has_eos | (final >= limit)
-            else:
-                final = torch.minimum(new_len, limit)
-                done = final >= limit
-            d_pending = new_len - torch.minimum(dkv.seen, new_len - 1)  # what the draft must run next time
-            t_width, d_width = tkv.width, dkv.width
-            # The iteration's one read of device values.
-            host = torch.cat([n, final, done.to(torch.long), d_pending,
-                              tkv.masked_slots()[None], dkv.masked_slots()[None]]).tolist()
-            n_h, final_h, done_h, pend_h = (host[i * rows_now:(i + 1) * rows_now] for i in range(4))
-            t_masked, d_masked = host[-2:]
-            max_n, min_n = max(n_h), min(n_h)
-            # The target ran [last token, proposals]: row b keeps its first n_b + 1 columns.
-            tkv.rollback(new_len - 1, k_eff - max_n, min_n != max_n)
-            if k_eff:  # the draft ran its pending tokens and proposals 1..k-1: row b keeps those up to n_b
-                d_max, d_min = min(max_n, k_eff - 1), min(min_n, k_eff - 1)
-                dkv.rollback(new_len - 1, k_eff - 1 - d_max, d_min != d_max)
-        acc.index_add_(0, st.row_id, n)
-        prop.index_add_(0, st.row_id, torch.full_like(n, k_eff))
-        chk.index_add_(0, st.row_id, torch.clamp(n + 1, max=k_eff))
-        new_tokens = [f - p - g for f, p, g in zip(final_h, st.plen_host, generated)]
-        generated = [g + t for g, t in zip(generated, new_tokens)]
-        st.length = new_len
-        dummies = max(pending) * rows_now - sum(pending) if k_eff else 0
-        with a_sw:
-            keep = st.finish([bool(d) for d in done_h], final_h)
-            if keep is not None:
-                if st.active:
-                    tkv.select(keep)
-                    dkv.select(keep)
-                kept = keep.tolist()
-                generated, pending = [generated[b] for b in kept], [pend_h[b] for b in kept]
-            else:
-                pending = pend_h
-                if compact_at is not None:
-                    longest = max(final_h) - 1  # the target's largest seen; the draft's is at most that
-                    for kv in (tkv, dkv):
-                        if kv.excess(longest) > compact_at * longest:
-                            kv.compact(int(kv.seen.max()))
-        iterations.append(BatchIterationStats(
-            rows=rows_now, k=k_eff, accepted=sum(n_h), checked=sum(min(x + 1, k_eff) for x in n_h),
-            bonus_rows=sum(1 for x in n_h if 0 < k_eff == x), new_tokens=sum(new_tokens),
-            draft_s=d_sw.seconds, verify_s=v_sw.seconds, rollback_s=r_sw.seconds, realign_s=a_sw.seconds,
-            mask_s=tkv.layout.seconds + dkv.layout.seconds - m0, total_s=time.perf_counter() - t_iter,
-            masked_share=t_masked / (rows_now * t_width), draft_masked_share=d_masked / max(1, rows_now * d_width),
-            dummy_inputs=dummies))
-    synchronize(device)
-    wall = time.perf_counter() - t0
-    return BatchResult(st.outputs, [p.shape[0] for p in rows], wall, prefill_s, acc.tolist(), prop.tolist(),
-                       chk.tolist(), iterations)
+    run = run_speculative(target, draft_model, rows, max_new_tokens, k, sampling, eos_token_id, generator, rule,
+                          compact_at)
+    acc, prop, chk = ([0] * len(rows) for _ in range(3))
+    for s, ids in zip(run.steps, run.row_ids):
+        for i, c, a in zip(ids, s.counts, s.accepted):
+            acc[i], prop[i], chk[i] = acc[i] + a, prop[i] + c, chk[i] + min(a + 1, c)
+    iterations = [BatchIterationStats(
+        rows=len(s.counts), k=max(s.counts), accepted=sum(s.accepted),
+        checked=sum(min(a + 1, c) for a, c in zip(s.accepted, s.counts)),
+        bonus_rows=sum(1 for a, c in zip(s.accepted, s.counts) if 0 < c == a),
+        new_tokens=sum(f - n for f, n in zip(s.final, s.lengths)), draft_s=s.draft_s, verify_s=s.verify_s,
+        rollback_s=s.rollback_s, realign_s=s.realign_s, mask_s=s.mask_s, total_s=s.total_s,
+        masked_share=s.masked_share, draft_masked_share=s.draft_masked_share, dummy_inputs=s.dummy_inputs,
+    ) for s in run.steps]
+    return BatchResult(run.tokens, [p.shape[0] for p in rows], run.wall_s, run.prefill_s, acc, prop, chk, iterations)

@@ -43,24 +43,47 @@ class RaggedKV:
     def __init__(self, model: torch.nn.Module, rows: int, device: torch.device) -> None:
         self.model = model
         self.cache = new_cache(model)
-        self.mask = torch.zeros((rows, 0), dtype=torch.bool, device=device)  # [B, P] valid columns
-        self.pos = torch.zeros((rows, 0), dtype=torch.long, device=device)  # [B, P] logical positions
         self.seen = torch.zeros(rows, dtype=torch.long, device=device)  # tokens of each row in the cache
         # No masked column anywhere: the model runs without an attention mask (batch 1, equal prompts),
         # exactly as the batch-1 loop does. Tracked from host-side facts so it costs no device read.
         self.dense = True
+        # mask / pos are built only once the layout stops being dense (None until then: every column is
+        # valid and holds the token at its own position), so batch 1 pays for no layout bookkeeping.
+        self._mask: torch.Tensor | None = None
+        self._pos: torch.Tensor | None = None
+        self._width, self._rows = 0, rows
         self.layout = Stopwatch(device)  # time spent building inputs, masks and position ids
         self._window = _sliding_window(model, self.cache)
         self._steps = torch.arange(64, device=device)
 
+    def _layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._mask is None:  # dense so far: every column valid, at its own position
+            self._mask = torch.ones((self._rows, self._width), dtype=torch.bool, device=self.seen.device)
+            self._pos = torch.arange(self._width, device=self.seen.device).expand(self._rows, -1).clone()
+        return self._mask, self._pos
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, P] valid columns."""
+        return self._layout()[0]
+
+    @property
+    def pos(self) -> torch.Tensor:
+        """[B, P] logical positions."""
+        return self._layout()[1]
+
+    def _set(self, mask: torch.Tensor, pos: torch.Tensor) -> None:
+        self._mask, self._pos = mask, pos
+        self._rows, self._width = mask.shape
+
     @property
     def width(self) -> int:
         """P, the number of physical columns."""
-        return self.mask.shape[1]
+        return self._width
 
     @property
     def rows(self) -> int:
-        return self.mask.shape[0]
+        return self._rows
 
     def feed(self, seq: torch.Tensor, upto: torch.Tensor, m: int, uniform: bool, n_logits: int) -> torch.Tensor:
         """Run ``seq[b, seen_b:upto_b]`` of every row in ``m`` new columns; logits [B, n_logits, V].
@@ -69,6 +92,14 @@ class RaggedKV:
         fewer than ``m`` new tokens get masked dummy slots on the left. ``uniform``: the caller
         knows every row has exactly ``m`` new tokens (no dummies), so the layout stays dense.
         """
+        if self._mask is None and uniform:
+            # Dense, and staying so: every row's new tokens fill the next m columns at their own
+            # positions, so the model takes a slice and derives the position ids from the cache.
+            with self.layout:
+                ids = seq[:, self._width: self._width + m]
+                self._width += m
+                self.seen = upto.clone()
+            return self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=n_logits).logits
         with self.layout:
             if m > self._steps.shape[0]:
                 self._steps = torch.arange(m, device=self._steps.device)
@@ -77,11 +108,10 @@ class RaggedKV:
             # A dummy slot reads some earlier token of its row; it is masked, so which one is irrelevant.
             idx = idx.clamp(min=0)
             ids = seq.gather(1, idx)
-            self.mask = torch.cat([self.mask, valid], dim=1)
-            self.pos = torch.cat([self.pos, idx], dim=1)
+            self._set(torch.cat([self.mask, valid], dim=1), torch.cat([self.pos, idx], dim=1))
             self.seen = upto.clone()
             self.dense = self.dense and uniform
-            if self._window is not None and self.width > self._window:
+            if self._window is not None and not self.dense and self.width > self._window:
                 # HF's sliding window counts physical columns; holes would shift it against batch 1.
                 raise NotImplementedError(f"a batch wider than the model's sliding window ({self._window}) "
                                           "would not be exact; use a shorter generation or batch 1")
@@ -96,15 +126,21 @@ class RaggedKV:
         ``n_crop`` is the suffix no row needs (the caller knows it from the acceptance counts);
         ``ragged``: rows lost different numbers of columns, so holes now exist.
         """
-        self.mask &= self.pos < valid_length[:, None]
+        if self._mask is not None or ragged:  # dense rows that all lose the same suffix: the crop is all
+            self._set(self.mask & (self.pos < valid_length[:, None]), self.pos)
         self.seen = torch.minimum(self.seen, valid_length)
         if n_crop > 0:
             crop_to(self.cache, self.width - n_crop)
-            self.mask, self.pos = self.mask[:, :-n_crop], self.pos[:, :-n_crop]
+            if self._mask is None:
+                self._width -= n_crop
+            else:
+                self._set(self.mask[:, :-n_crop], self.pos[:, :-n_crop])
         self.dense = self.dense and not ragged
 
     def masked_slots(self) -> torch.Tensor:
         """Number of masked (row, column) slots, as a 0-d tensor (read it with the loop's other counts)."""
+        if self._mask is None:
+            return self.seen.new_zeros(())
         return self.mask.numel() - self.mask.sum()
 
     def _plain(self) -> bool:
@@ -121,14 +157,15 @@ class RaggedKV:
                 g = idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
                 layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
         if isinstance(idx, slice):
-            self.mask, self.pos = self.mask[:, idx], self.pos[:, idx]
+            self._set(self.mask[:, idx], self.pos[:, idx])
         else:
-            self.mask, self.pos = self.mask.gather(1, idx), self.pos.gather(1, idx)
+            self._set(self.mask.gather(1, idx), self.pos.gather(1, idx))
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (finished rows leave the batch), then drop leading columns no row uses."""
         self.cache.batch_select_indices(rows)
-        self.mask, self.pos, self.seen = self.mask[rows], self.pos[rows], self.seen[rows]
+        self._set(self.mask[rows], self.pos[rows])
+        self.seen = self.seen[rows]
         if self._plain() and self.width:
             # The longest prompt may have left: its padding columns are now padding for everyone.
             first = int(self.mask.any(dim=0).to(torch.int8).argmax())

@@ -1,6 +1,7 @@
 """How many tokens to draft next: fixed, the transformers heuristic, or the cost model's choice."""
 from __future__ import annotations
 
+import copy
 import operator
 from typing import Callable, Hashable, Protocol
 
@@ -216,3 +217,34 @@ class ConditionedK:
 
     def update(self, proposed: int, accepted: int) -> None:
         self.active.update(proposed, accepted)
+
+
+def as_policy(k: int | KPolicy) -> KPolicy:
+    """A policy as given, or a fixed k (``FixedK`` accepts any integral type and rejects the rest)."""
+    return k if hasattr(k, "start") and hasattr(k, "update") else FixedK(k)
+
+
+class RowPolicies:
+    """One k policy per row of a batch (per-row k, per-row labels): the given policy for the first row,
+    independent copies of it for the others, each started afresh. Finished rows' policies leave with them."""
+
+    def __init__(self, k: int | KPolicy, rows: int) -> None:
+        first = as_policy(k)
+        self.policies = [first] + [copy.deepcopy(first) for _ in range(rows - 1)]
+        for p in self.policies:
+            p.start()
+        self.conditioned = hasattr(first, "condition")
+
+    def ks(self, labels: list[Hashable] | None) -> list[int]:
+        """Each row's k; with ``labels`` (the drafter's, one per row) each policy is conditioned first."""
+        if labels is not None:
+            for p, label in zip(self.policies, labels):
+                p.condition(label)
+        return [p.k for p in self.policies]
+
+    def update(self, proposed: list[int], accepted: list[int]) -> None:
+        for p, n, a in zip(self.policies, proposed, accepted):
+            p.update(n, a)
+
+    def select(self, rows: list[int]) -> None:
+        self.policies = [self.policies[b] for b in rows]

@@ -6,11 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.acceptance import AcceptRule, accept_greedy, accept_sample, checked_proposals
-from speclab.cache import crop_to, forward_logits, new_cache
-from speclab.drafters import Drafter, ModelDrafter
-from speclab.k_policy import FixedK, KPolicy
-from speclab.sampling import GREEDY, SamplingConfig, choose_token, logits_to_probs
+from speclab.acceptance import AcceptRule, accept_sample, checked_proposals
+from speclab.cache import forward_logits, new_cache
+from speclab.drafters import Drafter, OneRowDrafter
+from speclab.k_policy import KPolicy
+from speclab.rows import check_budget
+from speclab.sampling import GREEDY, SamplingConfig, choose_token
+from speclab.step import run_speculative
 from speclab.timing import Stopwatch, synchronize
 
 
@@ -90,16 +92,6 @@ def _check_prompt(input_ids: torch.Tensor) -> None:
         raise ValueError(f"input_ids must have shape [1, n>=1]; got {tuple(input_ids.shape)}")
 
 
-def _buffer(input_ids: torch.Tensor, extra: int) -> torch.Tensor:
-    ids = input_ids.new_zeros((1, input_ids.shape[1] + extra))
-    ids[:, : input_ids.shape[1]] = input_ids
-    return ids
-
-
-def _first_eos(tokens: list[int], eos: set[int]) -> int | None:
-    return next((i for i, t in enumerate(tokens) if t in eos), None)
-
-
 def _eos_set(eos_token_id: int | list[int] | None) -> set[int]:
     if eos_token_id is None:
         return set()
@@ -112,8 +104,7 @@ def plain_generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_toke
                    generator: torch.Generator | None = None) -> GenerationResult:
     """One target pass per token. ``step_s`` holds each decode step's synchronised time."""
     _check_prompt(input_ids)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
+    max_new_tokens = check_budget(max_new_tokens)
     device = input_ids.device
     eos = _eos_set(eos_token_id)
     cache = new_cache(model)
@@ -143,85 +134,24 @@ def plain_greedy(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens
 
 
 @torch.inference_mode()
-def speculative_generate(target: torch.nn.Module, drafter: Drafter | torch.nn.Module, input_ids: torch.Tensor,
-                         max_new_tokens: int, k: int | KPolicy = 4, sampling: SamplingConfig = GREEDY,
-                         eos_token_id: int | list[int] | None = None,
+def speculative_generate(target: torch.nn.Module, drafter: Drafter | OneRowDrafter | torch.nn.Module,
+                         input_ids: torch.Tensor, max_new_tokens: int, k: int | KPolicy = 4,
+                         sampling: SamplingConfig = GREEDY, eos_token_id: int | list[int] | None = None,
                          generator: torch.Generator | None = None,
                          rule: AcceptRule = accept_sample) -> GenerationResult:
     """Draft up to k tokens, verify them in one target pass, keep the accepted prefix, roll both caches back.
 
-    ``drafter`` is a Drafter or a plain draft model (wrapped in a ModelDrafter); ``k`` is a fixed
+    ``drafter`` is a drafter or a plain draft model (wrapped in a ModelDrafter); ``k`` is a fixed
     number of proposals or a KPolicy that picks it per iteration. ``rule`` is the sampling
     acceptance rule (the wrong ones exist for tests); greedy always uses ``accept_greedy``.
+    The step is ``speclab.step``'s, over a batch of one row.
     """
     _check_prompt(input_ids)
-    # Anything that is not a policy is a fixed k; FixedK accepts any integral type and rejects the rest.
-    policy = k if hasattr(k, "start") and hasattr(k, "update") else FixedK(k)
-    policy.start()
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
-    if isinstance(drafter, torch.nn.Module):
-        drafter = ModelDrafter(drafter)
-    conditioned = hasattr(policy, "condition") and hasattr(drafter, "label")
-    device = input_ids.device
-    eos = _eos_set(eos_token_id)
-    n_prompt = input_ids.shape[1]
-    ids = _buffer(input_ids, max_new_tokens + 1)
-    length = n_prompt
-    tcache = new_cache(target)
-
-    synchronize(device)
-    t0 = time.perf_counter()
-    # Both models see all but the last prompt token; the first verification pass covers it.
-    if n_prompt > 1:
-        forward_logits(target, ids[:, : n_prompt - 1], tcache, 1)
-    drafter.start(ids, n_prompt - 1)
-    synchronize(device)
-    prefill_s = time.perf_counter() - t0
-
-    iterations: list[IterationStats] = []
-    while length - n_prompt < max_new_tokens:
-        t_iter = time.perf_counter()
-        d_sw, v_sw, r_sw = Stopwatch(device), Stopwatch(device), Stopwatch(device)
-        with d_sw:
-            if conditioned:  # the policy sees what the drafter has to go on (e.g. the matched n-gram) first
-                policy.condition(drafter.label(ids, length))
-            # Never propose past the token budget: the target's own token is always one more.
-            k_eff = min(policy.k, max_new_tokens - (length - n_prompt) - 1)
-            proposals, q = drafter.propose(ids, length, k_eff, sampling, generator) if k_eff else (ids.new_empty(0), None)
-        k_used = proposals.shape[0]
-        with v_sw:
-            ids[0, length: length + k_used] = proposals
-            seen = tcache.get_seq_length()
-            logits = forward_logits(target, ids[:, seen: length + k_used], tcache, k_used + 1)
-            if sampling.do_sample:
-                p = logits_to_probs(logits, sampling)
-                if q is None:  # a drafter without distributions proposes deterministically
-                    q = torch.zeros_like(p[:k_used]).scatter_(1, proposals.view(-1, 1), 1.0)
-                n_acc, nxt = rule(proposals, p, q, generator)
-            else:
-                n_acc, nxt = accept_greedy(proposals, logits)
-        with r_sw:
-            ids[0, length + n_acc] = nxt
-            new_len = length + n_acc + 1
-            # The target keeps the accepted proposals, not its own token (not yet run through it).
-            crop_to(tcache, new_len - 1)
-            drafter.rollback(new_len - 1)
-        policy.update(k_used, n_acc)
-        new = ids[0, length:new_len].tolist()
-        cut = _first_eos(new, eos)
-        if cut is not None:
-            new_len = length + cut + 1
-        iterations.append(IterationStats(
-            k=k_used, accepted=n_acc, bonus=0 < k_used == n_acc, new_tokens=new_len - length,
-            draft_s=d_sw.seconds, verify_s=v_sw.seconds, rollback_s=r_sw.seconds,
-            total_s=time.perf_counter() - t_iter, length=length,
-            draft_fed=getattr(drafter, "last_fed", 0) if k_used else 0,
-            draft_calls=getattr(drafter, "last_calls", 0) if k_used else 0,
-        ))
-        length = new_len
-        if cut is not None:
-            break
-    synchronize(device)
-    wall = time.perf_counter() - t0
-    return GenerationResult(ids[0, n_prompt:length].tolist(), n_prompt, wall, prefill_s, iterations=iterations)
+    run = run_speculative(target, drafter, [input_ids[0]], max_new_tokens, k, sampling, eos_token_id, generator,
+                          rule, compact_at=None)
+    iterations = [IterationStats(
+        k=s.counts[0], accepted=s.accepted[0], bonus=0 < s.counts[0] == s.accepted[0],
+        new_tokens=s.final[0] - s.lengths[0], draft_s=s.draft_s, verify_s=s.verify_s, rollback_s=s.rollback_s,
+        total_s=s.total_s, length=s.lengths[0], draft_fed=s.draft_fed, draft_calls=s.draft_calls,
+    ) for s in run.steps]
+    return GenerationResult(run.tokens[0], input_ids.shape[1], run.wall_s, run.prefill_s, iterations=iterations)

@@ -1,0 +1,40 @@
+"""A drafter written against the one-row interface (start/propose/rollback) still runs in
+``speculative_generate``, and the batched loop refuses it with one line."""
+import pytest
+import torch
+
+from speclab.batch import batch_speculative_generate
+from speclab.loop import plain_greedy, speculative_generate
+
+
+class Oracle:
+    """Proposes the target's own greedy continuation, wrong at every fifth proposal."""
+
+    def __init__(self, text: list[int]) -> None:
+        self.text, self.calls = text, []
+
+    def start(self, ids, n_ctx):
+        self.calls.append(("start", n_ctx))
+
+    def propose(self, ids, length, k, sampling, generator):
+        props = torch.tensor(self.text[length: length + k])
+        props[(torch.arange(props.numel()) + length) % 5 == 0] += 1
+        return props, None
+
+    def rollback(self, valid_length):
+        self.calls.append(("rollback", valid_length))
+
+
+def test_one_row_drafter_runs_exactly(tiny_pair):
+    target, _ = tiny_pair
+    ids = torch.tensor([[3, 17, 9, 41, 2]])
+    plain = plain_greedy(target, ids, 30).tokens
+    oracle = Oracle(ids[0].tolist() + plain)
+    res = speculative_generate(target, oracle, ids, 30, k=4)
+    assert res.tokens == plain
+    assert 0 < res.acceptance_rate < 1
+    assert oracle.calls[0] == ("start", 4)
+    lengths = [it.length + it.new_tokens for it in res.iterations]
+    assert [v for name, v in oracle.calls[1:]] == [n - 1 for n in lengths]  # the verified prefix, before EOS cut
+    with pytest.raises(ValueError, match="cannot draft for 2 rows"):
+        batch_speculative_generate(target, oracle, [ids[0], ids[0]], 8)
