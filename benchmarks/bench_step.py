@@ -84,7 +84,7 @@ def main() -> None:
         return worker(args)
     if args.tiny:
         args.target, args.draft, args.per_kind, args.max_new_tokens = "tiny-random", "int8", 2, 16
-    from pipeline.parquet import write_parquet
+    from store.records import write_parquet
 
     base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True, capture_output=True,
                               text=True).stdout.strip()
