@@ -208,6 +208,7 @@ class SpeclabConf:
     rotation: int = 0
     threads: int = 0
     force: bool = False
+    overwrite_published: bool = False
     campaign: str = "scratch"
     outputs_dir: str = MISSING
 

@@ -30,7 +30,8 @@ from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
 from pipeline.results import now, provenance, write_result  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from pipeline.tracking import end_open_parent  # noqa: E402
-from store.layout import STAGES  # noqa: E402
+from store.layout import STAGES, StoreError  # noqa: E402
+from store.manifest import is_published  # noqa: E402
 from store.records import check_stage_file  # noqa: E402
 
 register()
@@ -72,18 +73,29 @@ class Job:
         self.ctx: StageContext | None = None
 
     def pending(self) -> list[str]:
-        """The stages still to compute; a complete file whose run is missing gets its run logged now."""
+        """The stages still to compute; a complete file whose run is missing gets its run logged now.
+
+        A file of a published campaign (``store.manifest``) is never replaced, neither by ``force=true`` nor
+        because it fails a check (that is one line and the job stops), unless ``overwrite_published=true``."""
         todo = []
         for part in self.parts:
             path = output_path(self.cfg, part)
             self.runs.close_stale(part)
+            locked = path.exists() and is_published(path.parents[1]) and not self.cfg.get("overwrite_published")
+            published = f"it belongs to published campaign {self.cfg.campaign!r}, so it is left alone " \
+                        "(overwrite_published=true recomputes it)"
+            if self.cfg.force and locked:
+                raise StoreError(f"[{part}] force=true would overwrite {path}: {published}")
             if self.cfg.force or not path.exists():
                 todo.append(part)
             elif problem := check_stage_file(path, stage_module(part).SCHEMA, config_hash(self.cfg)):
+                if locked:
+                    raise StoreError(f"[{part}] {path} is not a finished result ({problem}): {published}")
                 log.info(f"[{part}] {path} is not a finished result ({problem}): recomputing it")
                 todo.append(part)
             elif self.runs.logged(part):
-                log.info(f"[{part}] already complete for this config: {path} (force=true reruns it)")
+                rerun = "force=true overwrite_published=true" if locked else "force=true"
+                log.info(f"[{part}] already complete for this config: {path} ({rerun} reruns it)")
                 self.runs.record(part, "complete", path)
             else:
                 self.runs.log_from_file(part, path)

@@ -8,6 +8,7 @@ files pool. Every such addition is listed here and nowhere else.
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 
 HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "stage.prefill": False,
                 "stage.drafters": [], "stage.drafter_ks": [], "stage.recommended": False,
@@ -23,8 +24,21 @@ NEUTRAL_ONLY_FOR = {"stage.k_policies": ("acceptance",)}
 # not hashed when the stored results were written; every key added since is listed here.
 ARM_POLICY_KEYS = {"free_k_min": None}
 
-# Columns added to a stage's schema after results were already stored, with the value they had then.
-LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0}
+# Columns added to a stage's schema after results were already stored, with the value they had then. A file
+# lacking some of them (and nothing else) is complete for its config hash: ``complete_table`` adds them.
+#   drafter "model", k_policy "fixed", context_mode "prompt": the only drafter, policy and context of the time
+#     (``with_defaults`` also names plain decoding's drafter and policy "none");
+#   top_p 1.0, top_k 0: no nucleus or top-k filter (acceptance files of `reference` before sampling knobs);
+#   None (null, NaN in pandas): not measured by the code of the time, so no value stands in for it:
+#     acceptance's per-iteration context and timings (prompt_len ... wall_s: 6 of the 9 `reference` acceptance
+#     files), speed's block step times (16 `reference` and 2 `timemodel` files, written before
+#     stage.block_timing_repeats), a plan's worst_ratio and chosen_by (one plan each of `timemodel` and
+#     `timemodel2`, written before the robust choice). The readers test these for NaN.
+NOT_MEASURED = None
+LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
+                 **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
+                                  "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
+                                  "block_draft_step_s", "worst_ratio", "chosen_by"], NOT_MEASURED)}
 
 
 def hash_neutral(key: str, value: object, stage: str) -> bool:
@@ -32,9 +46,27 @@ def hash_neutral(key: str, value: object, stage: str) -> bool:
     return key in HASH_NEUTRAL and value == HASH_NEUTRAL[key] and stage in NEUTRAL_ONLY_FOR.get(key, (stage,))
 
 
+def later_missing(found: pa.Schema, schema: pa.Schema) -> list[str] | None:
+    """The columns of ``schema`` a file with columns ``found`` lacks, when all were added later
+    (``LATER_COLUMNS``) and the rest are ``schema``'s in its order and types; None when it is another schema."""
+    missing = [name for name in schema.names if name not in found.names]
+    kept = pa.schema([f for f in schema if f.name in found.names])
+    return missing if kept == found and all(name in LATER_COLUMNS for name in missing) else None
+
+
+def complete_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` (a file with ``later_missing`` columns) with those columns at their ``LATER_COLUMNS`` value."""
+    columns = [table.column(f.name) if f.name in table.column_names
+               else pa.array([LATER_COLUMNS[f.name]] * table.num_rows, type=f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema.with_metadata(table.schema.metadata))
+
+
 def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
-    """Fill columns that older result files lack, so old and new runs pool correctly."""
+    """Fill columns that older result files lack, so old and new runs pool correctly (a column not measured
+    then stays absent, or NaN where other files have it)."""
     for col, value in LATER_COLUMNS.items():
+        if value is NOT_MEASURED:
+            continue
         if col not in df:
             df[col] = value
         else:

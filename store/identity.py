@@ -16,7 +16,7 @@ from store.compat import hash_neutral
 
 # Keys that do not change what a job measures (nor its MLflow params). The campaign says where a result
 # is filed, not what it measures: one measurement keeps one hash across campaigns.
-VOLATILE = ("force", "mlflow.", "outputs_dir", "threads", "campaign")
+VOLATILE = ("force", "overwrite_published", "mlflow.", "outputs_dir", "threads", "campaign")
 CODE_KEY = "_target_"  # names the class that runs a setting (Hydra instantiate), not what it measures
 
 

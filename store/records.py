@@ -2,11 +2,14 @@
 
 Each stage file carries, in its Parquet key-value metadata under ``speclab``, a JSON record of the job
 that wrote it (stage, campaign, pair, config hash, row count, commit, start and end times, overrides,
-inputs). That record is how a rerun tells a finished file from a foreign or damaged one, how the analysis
-checks that a file lies where its job put it, and how it lists the jobs it pooled.
+inputs) and the content hash of its rows. That record is how a rerun tells a finished file from a foreign
+or damaged one, how the analysis checks that a file lies where its job put it, and how it lists the jobs it
+pooled. A file written before records held a content hash is checked against its published campaign's
+checksums instead (``store.manifest``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from dataclasses import dataclass
@@ -16,10 +19,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from store.compat import complete_table, later_missing
 from store.files import atomic_write
 from store.layout import StoreError, stage_paths
+from store.manifest import check_published
 
 META_KEY = b"speclab"
+CONTENT_KEY = "content_sha256"
 UNKNOWN_COMMIT = "unknown"
 _TYPES = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
           "bool": pa.bool_()}
@@ -30,9 +36,19 @@ def make_schema(fields: list[tuple[str, str]]) -> pa.Schema:
     return pa.schema([(name, _TYPES[kind]) for name, kind in fields])
 
 
+def content_sha256(table: pa.Table) -> str:
+    """The hash of a table's rows: each column's name, type and values in order, as JSON (floats exactly, by
+    their shortest repr), so it depends on the data alone, not on how Parquet encoded or compressed it."""
+    digest = hashlib.sha256()
+    for field, column in zip(table.schema, table.columns):
+        digest.update(json.dumps([field.name, str(field.type), column.to_pylist()], default=str).encode())
+    return digest.hexdigest()
+
+
 def write_parquet(rows: list[dict] | pd.DataFrame, schema: pa.Schema, path: str | Path,
                   meta: dict | None = None) -> Path:
-    """Write ``rows`` to ``path`` with ``schema`` (and ``meta`` as the provenance record, its row count added).
+    """Write ``rows`` to ``path`` with ``schema`` (and ``meta`` as the provenance record, its row count and
+    the content hash of its rows added).
 
     The explicit schema matters: a reader of a folder takes its schema from the first file,
     so every file of a stage must agree on column names and types.
@@ -44,7 +60,7 @@ def write_parquet(rows: list[dict] | pd.DataFrame, schema: pa.Schema, path: str 
         raise ValueError(f"rows lack columns {missing} required by the schema of {path.name}")
     table = pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
     if meta is not None:
-        record = {**meta, "rows": table.num_rows}
+        record = {**meta, "rows": table.num_rows, CONTENT_KEY: content_sha256(table)}
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                META_KEY: json.dumps(record, sort_keys=True).encode()})
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
@@ -101,12 +117,15 @@ def _differs(what: str, meta: dict, key: str, expected: str | None) -> str | Non
 def open_stage_file(path: str | Path, schema: pa.Schema | None = None, config_hash: str | None = None,
                     stage: str | None = None, campaign: str | None = None) -> StageFile:
     """A stage file read in full, or StageFileError saying why it is not a complete result of the job its
-    name and place say: it must read as Parquet (data included), have ``schema``'s columns, carry a
+    name and place say: it must read as Parquet (data included), have ``schema``'s columns (or all but some
+    added later, ``store.compat.LATER_COLUMNS``: the table then holds them at their defaults), carry a
     provenance record of this stage, campaign and config hash (each when given) whose pair and config hash
-    make up its name, and hold exactly the rows that record says were written."""
+    make up its name, and hold exactly the rows that record says were written, whose content hash it holds
+    (or, written before records held one, the bytes its published campaign's checksums list)."""
     path = Path(path)
     pf = _open(path)
-    if schema is not None and pf.schema_arrow.remove_metadata() != schema:
+    found = pf.schema_arrow.remove_metadata()
+    if schema is not None and found != schema and later_missing(found, schema) is None:
         raise StageFileError(path, "has columns other than the stage's schema")
     meta = _record(pf, path)
     if meta is None:
@@ -124,6 +143,13 @@ def open_stage_file(path: str | Path, schema: pa.Schema | None = None, config_ha
         table = pf.read()  # the footer can be intact while a column chunk is not
     except Exception as err:  # noqa: BLE001
         raise StageFileError(path, f"has data that does not read ({type(err).__name__})") from None
+    if CONTENT_KEY in meta:
+        if content_sha256(table) != meta[CONTENT_KEY]:
+            raise StageFileError(path, "holds rows whose content hash is not its provenance record's (damaged or edited)")
+    elif problem := check_published(path):
+        raise StageFileError(path, problem)
+    if schema is not None and found != schema:
+        table = complete_table(table, schema)
     return StageFile(path, meta, table)
 
 
