@@ -99,9 +99,39 @@ def save_figure(fig: plt.Figure, path: str | Path) -> Path:
     return out
 
 
+# Saved floats keep this many significant digits: sums and fits can differ in the last bits from run to run
+# (thread counts, BLAS), and rounded they are the same bytes, so `dvc repro --force` with unchanged inputs
+# changes nothing. Far beyond any digit the report shows.
+SIGNIFICANT = 12
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT}g}")
+
+
+def rounded(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its float columns at ``SIGNIFICANT`` digits (NaN and infinities as they are)."""
+    out = df.copy()
+    for column in (c for c in df.columns if df[c].dtype.kind == "f"):
+        out[column] = df[column].map(_round).astype(df[column].dtype)
+    return out
+
+
+def _rounded_data(data):
+    """Nested dicts and lists with every float at ``SIGNIFICANT`` digits."""
+    if isinstance(data, float):
+        return _round(data)
+    if isinstance(data, dict):
+        return {k: _rounded_data(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_rounded_data(v) for v in data]
+    return data
+
+
 def save_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """A small result table as Parquet (the report renders it as Markdown)."""
-    return atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+    """A small result table as Parquet (the report renders it as Markdown), floats rounded (``SIGNIFICANT``)."""
+    table = rounded(df)
+    return atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
 
 
 def run_script(name: str, main: Callable[[], None]) -> None:
@@ -135,8 +165,8 @@ def save_csv(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def save_json(data: dict, path: str | Path) -> Path:
-    """A metrics file for ``dvc metrics`` (keys in the order given, stable across reruns)."""
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    """A metrics file for ``dvc metrics`` (keys in the order given, floats rounded: stable across reruns)."""
+    text = json.dumps(_rounded_data(data), indent=2, allow_nan=False) + "\n"
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 

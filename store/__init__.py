@@ -2,7 +2,8 @@
 
     layout      outputs/campaigns/<campaign>/<stage>/<pair>-<config hash>.parquet: stage and campaign names, paths
     files       atomic writes
-    records     a stage file: its schema, its provenance record (write, read, check), the git commit it names
+    records     a stage file: its schema, its provenance record and content hash (write, read, check), the git commit it names
+    manifest    published campaigns: the PUBLISHED marker with every file's checksum (python -m store.manifest CAMPAIGN)
     identity    config identity: a job's config hash, and the keys that say where it ran rather than what it measured
     compat      keys and columns added after results were stored, at the values that reproduce them
     plans       the latest plan
