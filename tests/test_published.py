@@ -33,6 +33,7 @@ from pipeline_helpers import make_cfg
 from store.layout import STAGES, StoreError, campaigns, stage_paths
 from store.manifest import MANIFEST, is_published, read_manifest, write_manifest
 from store.records import CONTENT_KEY, StageFileError, check_stage_file, open_stage_file, read_meta
+from test_dvc_safety import BIN, copy_repository, run
 from test_migration import EARLIER_CONF
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,3 +225,37 @@ def test_manifest_command_and_a_damaged_manifest(tmp_path):
     (folder / MANIFEST).write_text("not a checksum\n")
     with pytest.raises(StoreError, match=rf"{MANIFEST} line 1 is not"):
         read_manifest(folder)
+
+
+@pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
+def test_a_flipped_byte_stops_dvc_repro_in_one_line(tmp_path):
+    repo = tmp_path / "repo"
+    copy_repository(repo)
+    bad = stage_paths(repo / "outputs", "reference", "speed")[3]
+    _flip(bad, _data_offset(bad))
+    rel = bad.relative_to(repo).as_posix()
+    result = run(["dvc", "repro"], repo)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    naming = [line for line in result.stderr.splitlines() if rel in line]
+    assert naming == [f"analysis.jobs: error: {rel} does not match its checksum in "
+                      f"outputs/campaigns/reference/{MANIFEST} (damaged or edited)"], result.stderr
+    status = run(["git", "status", "--porcelain"], repo).stdout.splitlines()
+    assert [line[3:] for line in status] == [rel]
+
+
+def test_saved_analysis_floats_do_not_depend_on_the_last_bits(tmp_path):
+    """Sums in another order differ in the last bits; the saved table, plot data and metrics do not."""
+    import numpy as np
+    import pandas as pd
+
+    from analysis.common import save_json, save_table
+
+    value = 0.1 + 0.2
+    values = {"x": [value, 1 / 3, float("nan")], "n": [1, 2, 3], "name": ["a", "b", "c"]}
+    nudged = {**values, "x": [np.nextafter(v, 1.0) for v in values["x"]]}
+    for name, data in (("a", values), ("b", nudged)):
+        save_table(pd.DataFrame(data), tmp_path / f"{name}.parquet")
+        save_json({"mae": data["x"][0], "per_kind": {"code": data["x"][1]}}, tmp_path / f"{name}.json")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+    assert pd.read_parquet(tmp_path / "a.parquet").x.iloc[0] == 0.3  # 12 significant digits
