@@ -168,3 +168,29 @@ def test_the_outage_message_says_when_the_store_went_away(tmp_path, monkeypatch)
             tracking._down.clear()
         problem = tracking.tracking_problem(uri)
         assert problem == "became unreachable during the multirun: RuntimeError: database is locked", problem
+
+
+def test_only_runs_of_dead_processes_on_this_host_are_closed(tmp_path):
+    """Anyone's run whose process is gone becomes KILLED; a live process's run, a run of another host
+    (its process cannot be seen from here) and a run opened by something else stay as they are."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = tracking.Tracker(uri, "speclab", True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    me = tracking.process_tags()
+    runs = {
+        "alive": me,
+        "dead": {**me, "speclab.pid": str(dead.pid)},
+        "pid_reused": {**me, "speclab.pid_started": "0.0"},
+        "other_host": {**me, "speclab.host": "elsewhere", "speclab.pid": str(dead.pid)},
+        "not_ours": {},
+    }
+    ids = {name: tracker._call(lambda c, t=tags, n=name: c.create_run(tracker._experiment_id, run_name=n, tags=t)
+                               ).info.run_id for name, tags in runs.items()}
+    assert tracker.close_dead_runs() == 2
+    client = mlflow.MlflowClient(uri)
+    status = {name: client.get_run(rid).info.status for name, rid in ids.items()}
+    assert status == {"alive": "RUNNING", "dead": "KILLED", "pid_reused": "KILLED", "other_host": "RUNNING",
+                      "not_ours": "RUNNING"}
