@@ -153,7 +153,8 @@ def test_the_outage_message_says_when_the_store_went_away(tmp_path, monkeypatch)
     monkeypatch.setattr(tracking, "_down", {})
     monkeypatch.setattr(tracking, "_said", set())
     for var in (tracking.DOWN_ENV, tracking.DOWN_WHY_ENV, tracking.PARENT_ENV):
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "")  # recorded, so that what the test sets is undone after it
+        monkeypatch.delenv(var)
     missing = f"sqlite:///{tmp_path}/no/such/folder/mlflow.db"
     assert tracking.tracking_problem(missing, "multirun").startswith("found unreachable when the multirun started")
     tracking._down.clear()  # a job of the multirun in another process: told through the environment
