@@ -48,6 +48,11 @@ class JobRuns:
                           "prompts": ",".join(cfg.prompts.kinds)}
         return self._tags
 
+    def file_tags(self) -> dict[str, str]:
+        """A stage run's (and its arms') tags: ``superseded`` turns true once the file is recomputed, so
+        ``tags.superseded = 'false'`` in the MLflow UI shows one run per file."""
+        return {**self.tags(), "superseded": "false"}
+
     def git_commit(self) -> str:
         return self.tags()["mlflow.source.git.commit"]
 
@@ -62,8 +67,12 @@ class JobRuns:
                                               {**self.tags(), "level": "job"}, self.params)
         return self._parent
 
+    def close_dead(self) -> None:
+        """Runs left RUNNING by dead processes (any job's, any level) become KILLED (once per job)."""
+        self.tracker.close_dead_runs()
+
     def close_stale(self, part: str) -> None:
-        self.tracker.close_stale_runs(run_identity(self.cfg, part))
+        self.close_dead()
 
     def logged(self, part: str) -> bool:
         """Whether the stage's finished run is in MLflow (with tracking off there is nothing to log)."""
@@ -73,20 +82,23 @@ class JobRuns:
     def stage_run(self, part: str) -> Iterator[str | None]:
         """The stage's run, open while the block computes (``Tracker.open_run``)."""
         with self.tracker.open_run(stage_module(part).describe(self.cfg), run_identity(self.cfg, part),
-                                   self.tags(), self.params, self.parent()) as run_id:
+                                   self.file_tags(), self.params, self.parent()) as run_id:
             yield run_id
 
     def finish(self, run_id: str | None, part: str, out: StageOutput, path: Path) -> bool:
         """The stage run's metrics, files and description, and one child run per compared arm."""
-        self.tracker.log_arms(run_id, out.arms, run_identity(self.cfg, part), self.tags(),
+        self.tracker.log_arms(run_id, out.arms, run_identity(self.cfg, part), self.file_tags(),
                               f"{part} {{arm}} r{self.cfg.round} {self.cfg.pair.name}")
-        return self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary)
+        done = self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary)
+        if done:  # a recomputed file: its older runs are no longer the file's
+            self.tracker.supersede(run_identity(self.cfg, part), run_id)
+        return done
 
     def log_from_file(self, part: str, path: Path) -> None:
         """The Parquet was written but its MLflow run never finished: log the run from the file."""
         module = stage_module(part)
         out = module.summarize(pd.read_parquet(path), self.cfg)
-        tags = {**self.tags(), "mlflow.source.git.commit": str(read_meta(path).get("git_commit") or "unknown"),
+        tags = {**self.file_tags(), "mlflow.source.git.commit": str(read_meta(path).get("git_commit") or "unknown"),
                 "logged_from_file": "true"}
         run_id = self.tracker.start(module.describe(self.cfg), run_identity(self.cfg, part), tags, self.params,
                                     self.parent())

@@ -13,6 +13,8 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,7 +32,9 @@ from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
 from pipeline.results import now, provenance, write_result  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from pipeline.tracking import end_open_parent  # noqa: E402
+from pipeline.workers import dies_with_sweep  # noqa: E402
 from store.layout import STAGES, StoreError  # noqa: E402
+from store.locks import file_lock, job_lock_path  # noqa: E402
 from store.manifest import is_published  # noqa: E402
 from store.records import check_stage_file  # noqa: E402
 
@@ -120,12 +124,29 @@ class Job:
             log.info(f"[{part}] {line}")
 
 
+@contextmanager
+def one_writer(cfg: DictConfig, parts: list[str]) -> Iterator[None]:
+    """Hold the lock of each stage file of the job (campaign, stage, config hash) for the job's life: an
+    identical job started meanwhile says so in one line and waits, then finds the file complete."""
+    def waiting(part: str):
+        return lambda holder: print(f"speclab: [{part}] {output_path(cfg, part)} is being computed by "
+                                    f"{holder or 'another job'}: waiting for it", file=sys.stderr, flush=True)
+
+    with ExitStack() as locks:
+        for part in sorted(parts):  # one order for every job, so two jobs never hold one lock each
+            lock = job_lock_path(cfg.outputs_dir, str(cfg.campaign), part, config_hash(cfg))
+            locks.enter_context(file_lock(lock, waiting(part)))
+        yield
+
+
 def run_parts(cfg: DictConfig) -> None:
     job = Job(cfg)
+    job.runs.close_dead()
     status = "FAILED"
     try:
-        for part in job.pending():
-            job.compute(part)
+        with one_writer(cfg, job.parts):
+            for part in job.pending():
+                job.compute(part)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -137,7 +158,8 @@ def run_parts(cfg: DictConfig) -> None:
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        run_parts(cfg)
+        with dies_with_sweep():
+            run_parts(cfg)
     except Exception as err:  # noqa: BLE001 - said here, inside the job, so Hydra adds no second line
         line = error_line(err)
         if line is None or os.environ.get("SPECLAB_FULL_ERROR") == "1":

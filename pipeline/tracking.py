@@ -2,10 +2,13 @@
 
 Tracking is optional: a store that cannot be reached is found out once per process (a short
 probe, no retry loop), said in one line, and the jobs go on writing Parquet without it.
+Every run ends: each carries its process (host, pid, start time), and the next job or multirun
+to start on that host marks the RUNNING runs of dead processes KILLED, whoever's they are.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import platform
 import sys
@@ -19,6 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from store.locks import tracking_store_lock
 from store.mlflow_probe import first_line, unreachable
 from store.records import git_commit
 
@@ -28,10 +32,13 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # store creation and migrations are not news
 
 PACKAGES = ("torch", "transformers", "speclab", "mlflow", "hydra-core", "numpy", "scipy")
-# Set for child processes (joblib, submitit) once a store was found unreachable: they skip it at once.
+# Set for child processes (joblib, submitit) once a store was found unreachable: they skip it at once,
+# told why and when (DOWN_WHY_ENV): at the start of the multirun, or during it.
 DOWN_ENV = "SPECLAB_TRACKING_DOWN"
+DOWN_WHY_ENV = "SPECLAB_TRACKING_DOWN_WHY"
 _down: dict[str, str] = {}  # tracking URI -> why it cannot be used, found out once per process
 _said: set[str] = set()  # URIs whose outage was already reported by this process
+log = logging.getLogger("speclab")
 
 
 def environment_tags(device: str, dtype: str) -> dict[str, str]:
@@ -45,14 +52,24 @@ def environment_tags(device: str, dtype: str) -> dict[str, str]:
     return tags
 
 
-def tracking_problem(uri: str) -> str | None:
-    """Probe ``uri`` once per process (and once per multirun, through the environment)."""
-    if os.environ.get(DOWN_ENV) == uri:
-        return "found unreachable when the multirun started"
+def _set_down(uri: str, why: str) -> None:
+    _down[uri] = why
+    os.environ[DOWN_ENV], os.environ[DOWN_WHY_ENV] = uri, why
+
+
+def tracking_problem(uri: str, starting: str = "job") -> str | None:
+    """Probe ``uri`` once per process (and once per multirun, through the environment); ``starting``
+    names what is starting (a job, a multirun), for the message a later job of the multirun reads."""
     if uri not in _down:
-        _down[uri] = unreachable(uri) or ""
-        if _down[uri]:
-            os.environ[DOWN_ENV] = uri
+        inherited = os.environ.get(DOWN_WHY_ENV) if os.environ.get(DOWN_ENV) == uri else None
+        if inherited:
+            _down[uri] = inherited
+        else:
+            with tracking_store_lock(uri):  # a new sqlite store is created here, by one process at a time
+                problem = unreachable(uri)
+            _down[uri] = ""
+            if problem:
+                _set_down(uri, f"found unreachable when the {starting} started: {problem}")
     return _down[uri] or None
 
 
@@ -65,26 +82,42 @@ def say_unreachable(uri: str, problem: str, consequence: str) -> None:
 
 
 def _mark_down(uri: str, err: BaseException) -> None:
-    _down[uri] = first_line(err)
-    os.environ[DOWN_ENV] = uri
-    print(f"speclab: warning: MLflow at {uri} failed ({_down[uri]}); the rest of this process writes Parquet "
+    during = "the multirun" if os.environ.get(PARENT_ENV) else "the job"
+    _set_down(uri, f"became unreachable during {during}: {first_line(err)}")
+    _said.add(uri)  # this line is the process's one report of the outage
+    print(f"speclab: warning: MLflow at {uri} failed ({first_line(err)}); the rest of this process writes Parquet "
           "only (rerun the job later to log it)", file=sys.stderr)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def process_tags() -> dict[str, str]:
+    """The process a run belongs to: its host, pid and start time (a pid alone may be reused)."""
+    import psutil
+
+    return {"speclab.host": platform.node(), "speclab.pid": str(os.getpid()),
+            "speclab.pid_started": repr(psutil.Process().create_time())}
+
+
+def process_dead(tags: dict[str, str]) -> bool:
+    """Whether the process that opened a run (``process_tags``) is gone; False when that cannot be told
+    (another host, or a run opened by something else)."""
+    import psutil
+
+    if tags.get("speclab.host") != platform.node() or not (tags.get("speclab.pid") or "").isdigit():
         return False
-    except PermissionError:
+    try:
+        started = psutil.Process(int(tags["speclab.pid"])).create_time()
+    except psutil.NoSuchProcess:
         return True
-    return True
+    except psutil.Error:
+        return False
+    return "speclab.pid_started" in tags and tags["speclab.pid_started"] != repr(started)
 
 
 # Hydra groups whose chosen option names a run's setting (``prompts: smoke``, ``sweep: speed``).
 GROUPS = ("pair", "prompts", "stage", "sampling", "drafter", "k_policy", "sweep", "launcher")
 PARENT_ENV = "SPECLAB_PARENT_RUN"  # the multirun's run, for its jobs (also in launcher subprocesses)
 PARENT_URI_ENV = "SPECLAB_PARENT_URI"
+SWEEP_PID_ENV = "SPECLAB_SWEEP_PROCESS"  # "<pid> <host>" of the multirun's own process
 
 
 def _cpu_model() -> str:
@@ -132,6 +165,7 @@ class Tracker:
     _client: Any = None
     _experiment_id: str | None = None
     _open: set[str] = field(default_factory=set)  # ids of the runs this process opened and has not ended
+    _repaired: bool = False  # the RUNNING runs of dead processes were closed (once per tracker)
 
     @classmethod
     def for_config(cls, cfg: DictConfig) -> Tracker:
@@ -145,15 +179,17 @@ class Tracker:
 
     def _call(self, fn, *args, **kwargs) -> Any:
         """One MLflow call; a failure turns tracking off for the rest of the process instead of raising."""
-        if not self.enabled:
+        if not self.enabled or _down.get(self.uri):
             return None
         try:
             if self._client is None:
                 import mlflow
 
-                self._client = mlflow.MlflowClient(self.uri)
-                exp = self._client.get_experiment_by_name(self.experiment)
-                self._experiment_id = exp.experiment_id if exp else self._client.create_experiment(self.experiment)
+                with tracking_store_lock(self.uri):  # two new jobs must not both create the experiment
+                    client = mlflow.MlflowClient(self.uri)
+                    exp = client.get_experiment_by_name(self.experiment)
+                    self._experiment_id = exp.experiment_id if exp else client.create_experiment(self.experiment)
+                self._client = client
             return fn(self._client, *args, **kwargs)
         except Exception as err:  # noqa: BLE001 - a dead server must not cost the measured results
             self.enabled = False
@@ -162,26 +198,51 @@ class Tracker:
 
     def _search(self, identity: dict[str, str], status: str) -> list:
         clauses = [f"tags.{k} = '{v}'" for k, v in identity.items()] + [f"attributes.status = '{status}'"]
-        return self._call(lambda c: c.search_runs([self._experiment_id], " and ".join(clauses))) or []
+
+        def search(c):
+            runs, token = [], None
+            while True:
+                page = c.search_runs([self._experiment_id], " and ".join(clauses), max_results=1000, page_token=token)
+                runs += page
+                token = page.token
+                if not token:
+                    return runs
+
+        return self._call(search) or []
 
     def has_finished_run(self, identity: dict[str, str]) -> bool:
         return bool(self._search(identity, "FINISHED"))
 
-    def close_stale_runs(self, identity: dict[str, str]) -> int:
-        """Mark RUNNING runs of this job whose process is gone (killed by a signal it could not catch) KILLED."""
-        n = 0
-        for run in self._search(identity, "RUNNING"):
-            tags = run.data.tags
-            if tags.get("speclab.host") == platform.node() and not _pid_alive(int(tags.get("speclab.pid") or 0)):
-                self._call(lambda c, rid=run.info.run_id: c.set_terminated(rid, "KILLED"))
-                n += 1
-        return n
+    def close_dead_runs(self) -> int:
+        """Mark KILLED every RUNNING run (stage, job, sweep or arm, anyone's) whose process on this host is
+        gone: killed by a signal it could not catch, out of memory, or cut off from the store. Once per tracker."""
+        if self._repaired:
+            return 0
+        self._repaired = True
+        dead = [run.info.run_id for run in self._search({}, "RUNNING") if process_dead(run.data.tags)]
+        for run_id in dead:
+            self._call(lambda c, rid=run_id: c.set_terminated(rid, "KILLED"))
+        if dead:
+            log.info(f"MLflow: {len(dead)} run(s) left RUNNING by processes that died are now KILLED")
+        return len(dead)
+
+    def supersede(self, identity: dict[str, str], run_id: str | None) -> int:
+        """Tag ``superseded=true`` the older FINISHED runs of the same file (campaign, stage, config hash;
+        stage runs and their arms) once ``run_id`` recomputed it, so one run per file stays current."""
+        if run_id is None:
+            return 0
+        same_file = {k: v for k, v in identity.items() if k != "level"}
+        old = [r.info.run_id for r in self._search(same_file, "FINISHED")
+               if r.info.run_id != run_id and r.data.tags.get("mlflow.parentRunId") != run_id
+               and r.data.tags.get("superseded") != "true"]
+        for rid in old:
+            self._call(lambda c, r=rid: (c.set_tag(r, "superseded", "true"), c.set_tag(r, "superseded_by", run_id)))
+        return len(old)
 
     def start(self, name: str, identity: dict[str, str], tags: dict[str, str], params: dict[str, Any],
               parent: str | None = None) -> str | None:
         """Open a RUNNING run now, so its duration is the job's; None when tracking is off."""
-        all_tags = {**tags, **identity, "speclab.pid": str(os.getpid()), "speclab.host": platform.node(),
-                    **({"mlflow.parentRunId": parent} if parent else {})}
+        all_tags = {**tags, **identity, **process_tags(), **({"mlflow.parentRunId": parent} if parent else {})}
 
         def create(c):
             from mlflow.entities import Param
@@ -272,13 +333,15 @@ class CreateTrackingStore(Callback):
         self.parent: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ[SWEEP_PID_ENV] = f"{os.getpid()} {platform.node()}"  # joblib workers die with this process
         if not self.enabled:
             return
-        problem = tracking_problem(self.uri)
+        problem = tracking_problem(self.uri, "multirun")
         if problem:
             say_unreachable(self.uri, problem, "every job of this multirun writes Parquet only; rerun the sweep")
             return
         self.tracker = Tracker(self.uri, self.experiment, True)
+        self.tracker.close_dead_runs()
         hc = config.hydra  # HydraConfig is not set yet when a multirun starts
         sweep = str(hc.runtime.choices.get("sweep") or "multirun")
         campaign = str(config.campaign)
@@ -297,8 +360,8 @@ class CreateTrackingStore(Callback):
         table, lines = multirun_summary(Path(str(config.hydra.sweep.dir)), self.tracker, self.parent)
         if self.tracker and self.parent:
             self.tracker.finish(self.parent, {"jobs": float(len(table))}, description=lines, table=table)
-        os.environ.pop(PARENT_ENV, None)
-        os.environ.pop(PARENT_URI_ENV, None)
+        for var in (PARENT_ENV, PARENT_URI_ENV, SWEEP_PID_ENV):
+            os.environ.pop(var, None)
 
 
 def end_open_parent(status: str) -> None:

@@ -9,6 +9,7 @@
     plans       the latest plan
     best_fixed  the best fixed configuration of a campaign's exploratory checks
     mlflow_probe  is an MLflow tracking store usable (the side channel both the pipeline and the analysis log to)
+    locks       file locks that die with their process: one writer per job, one creator per sqlite store
 
 The pipeline (``pipeline/``) writes through it and the analysis (``analysis/``) reads through it; both pass
 plain data (paths, nested dicts), so a Hydra config is turned into a dict by the pipeline first.

@@ -1,0 +1,60 @@
+"""File locks that die with their process: one writer per job, one creator per tracking store.
+
+``flock`` locks are released by the kernel when their process ends, however it ends (SIGKILL,
+out of memory), so a lock file left on disk never blocks anyone: only a live holder does.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import platform
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import ContextManager
+
+from store.layout import campaign_dir
+
+LOCKS = ".locks"  # under a campaign's folder; not a stage folder, so never an analysis input
+
+
+def holder_line() -> str:
+    """Who holds a lock: written into the lock file for the processes that wait on it."""
+    return f"pid {os.getpid()} on {platform.node()}"
+
+
+@contextmanager
+def file_lock(path: str | Path, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) for the block, waiting for it if it is held.
+
+    ``on_wait(holder)`` is called once before waiting, with the holder's line (empty if not yet written).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait(os.pread(fd, 200, 0).decode(errors="replace").strip())
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (holder_line() + "\n").encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def job_lock_path(outputs_dir: str | Path, campaign: str, stage: str, config_hash: str) -> Path:
+    """The lock of one job's stage file: one writer per (campaign, stage, config hash)."""
+    return campaign_dir(outputs_dir, campaign) / LOCKS / f"{stage}-{config_hash}.lock"
+
+
+def tracking_store_lock(uri: str) -> ContextManager[None]:
+    """A lock next to a sqlite store's file, so that the first process creates its schema alone
+    (two creating it at once fail with an "online migration" error); other stores need none."""
+    db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+    if not db or db == ":memory:" or not Path(db).parent.is_dir():
+        return nullcontext()
+    return file_lock(Path(db + ".lock"))
