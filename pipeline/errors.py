@@ -61,6 +61,8 @@ def _grammar_line(err: OverrideParseException) -> str:
         col = lines[1].index("^") - lines[0].index(override)
         if 0 <= col < len(override):
             at = f" at {override[col]!r} (character {col + 1})"
+    elif found := re.search(r"input '(.+?)'", lines[0] if lines else ""):  # the parser's errors name the input
+        at = f" at {found.group(1)!r}"
     key = override.split("=", 1)[0].lstrip("+~")
     allowed = f"; {key} takes {CHECKS[key][1]}" if key in CHECKS else ""
     return (f"{override!r} cannot be read{at}: a value without quotes may hold {UNQUOTED}; put any other text "

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 MASK = "***"
 URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
@@ -95,6 +95,6 @@ class RedactHydraFiles(Callback):
 
     @staticmethod
     def _sweep_file(config: DictConfig) -> None:
-        sweep_dir = config.hydra.get("sweep", {}).get("dir")
+        sweep_dir = OmegaConf.select(config, "hydra.sweep.dir")
         if sweep_dir:
             redact_file(Path(str(sweep_dir)) / "multirun.yaml")

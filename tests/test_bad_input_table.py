@@ -161,6 +161,7 @@ CASES = [
     (["campaign=a;b"], "cannot be read at ';' (character 11)"),
     (["campaign=a;b"], "campaign takes a name of letters, digits"),
     (["prompts.kinds=[prose&code]"], "cannot be read at '&'"),
+    (["k=[1,2"], "'k=[1,2' cannot be read at '[1,2'"),
     (["prompts.kinds=[prose&code]"], "put any other text in quotes (prompts.kinds='...'); prompts.kinds takes a "
                                      "non-empty list of prompt kinds"),
 ]
@@ -254,7 +255,7 @@ def _cli(tmp_path, *args):
     (("pair=tiny_random", "+sweeps=speed"), "sweeps is not a config key here: did you mean +sweep=speed?"),
     (("pair=tiny_random", "campaign=é"), "'campaign=é' cannot be read at 'é'"),
     (("pair=tiny_random", "mlflow.tracking_uri=http://alice:S3cretPw@host:1/?token=T0kenX"),
-     "'mlflow.tracking_uri=http://alice:***@host:1/?token=***' cannot be read"),
+     "'mlflow.tracking_uri=http://alice:***@host:1/?token=***' cannot be read at '='"),
 ])
 def test_cli_says_it_in_one_line(tmp_path, args, expected):
     res = _cli(tmp_path, "mlflow.enabled=false", f"outputs_dir={tmp_path}", f"hydra.run.dir={tmp_path}/h", *args) \
