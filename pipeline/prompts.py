@@ -48,7 +48,7 @@ def _parse(path: Path) -> list[Prompt]:
                              f"({entry['text']!r}): write the text as a string (quote it)")
         odd = [f for f in ("id", "kind") if not isinstance(entry[f], (str, int)) or isinstance(entry[f], bool)]
         if odd:
-            raise ValueError(f"{name} in {path.name} has an {odd[0]} of type {type(entry[odd[0]]).__name__}: "
+            raise ValueError(f"{name} in {path.name} has a {odd[0]!r} of type {type(entry[odd[0]]).__name__}: "
                              f"use a name (a string)")
         pid, kind, text = (str(entry[f]) for f in FIELDS)
         _check_unicode(f"prompt {pid!r} in {path.name}", text)

@@ -38,7 +38,7 @@ PROMPT_FILES = {
     # A text must be a string, not whatever YAML made of it ([1, 2] was measured as the text "[1, 2]").
     "text_list": ("- {id: a, kind: prose, text: [1, 2]}\n", "prompt #1 (id 'a') in text_list.yaml has a text of type list"),
     "text_number": ("- {id: a, kind: prose, text: 12}\n", "has a text of type int (12): write the text as a string"),
-    "kind_list": ("- {id: a, kind: [prose], text: hi}\n", "has an kind of type list"),
+    "kind_list": ("- {id: a, kind: [prose], text: hi}\n", "has a 'kind' of type list: use a name"),
     "lone_surrogate": ('- {id: a, kind: prose, text: "bad \\ud800 here"}\n',
                        "prompt 'a' in lone_surrogate.yaml has an invalid character '\\ud800' at position 5 (a lone "
                        "surrogate): texts must be valid Unicode"),
