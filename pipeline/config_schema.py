@@ -11,9 +11,11 @@ entry in each option's YAML (``- /schema/stage/speed@_here_``); a user's own opt
 """
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +221,8 @@ DRAFTERS = {conf.name: conf for conf in (ModelDrafterConf, PromptLookupConf, Hyb
 K_POLICIES = {conf.name: conf for conf in (FixedKConf, CostModelKConf, HeuristicKConf)}
 EXTRA_POLICIES = tuple(name for name in K_POLICIES if name != FixedKConf.name)  # the adaptive ones (stage.k_policies)
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+STAGE_SCHEMAS = {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage, "divergence": DivergenceStage,
+                 "distribution": DistributionStage, "all": AllStage, "batch": BatchStage, "plan": PlanStage}
 
 
 def options(group: str, schemas: dict[str, type]) -> list[str]:
@@ -230,12 +234,7 @@ def options(group: str, schemas: dict[str, type]) -> list[str]:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="speclab_schema", node=SpeclabConf)
-    for group, options in {
-        "stage": {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage,
-                  "divergence": DivergenceStage, "distribution": DistributionStage, "all": AllStage, "batch": BatchStage,
-                  "plan": PlanStage},
-        "drafter": DRAFTERS, "k_policy": K_POLICIES,
-    }.items():
+    for group, options in {"stage": STAGE_SCHEMAS, "drafter": DRAFTERS, "k_policy": K_POLICIES}.items():
         for name, node in options.items():
             cs.store(group=f"schema/{group}", name=name, node=node)
 
@@ -249,10 +248,16 @@ def _int_at_least(n: int) -> Check:
     return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= n), f"an integer >= {n}"
 
 
-def _ints_at_least(n: int, nonempty: bool = False) -> Check:
-    what = f"a {'non-empty ' if nonempty else ''}list of integers >= {n}, e.g. [1,2,4]"
+def _int_in(lo: int, hi: int, what: str = "") -> Check:
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi), \
+        what or f"an integer >= {lo} and <= {hi}"
+
+
+def _ints_at_least(n: int, nonempty: bool = False, below: int | None = None) -> Check:
+    what = (f"a {'non-empty ' if nonempty else ''}list of integers >= {n}" + (f" and < {below}" if below else "")
+            + ", e.g. [1,2,4]")
     return (lambda v: isinstance(v, (list, ListConfig)) and (len(v) > 0 or not nonempty)
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= n for x in v)), what
+            and all(isinstance(x, int) and not isinstance(x, bool) and n <= x < (below or x + 1) for x in v)), what
 
 
 def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Check:
@@ -277,14 +282,17 @@ def _positive_or_null() -> Check:
 
 
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # more only costs memory (threads=100000 ran out of it)
+MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; stages add small offsets to the seed
 
 CHECKS: dict[str, Check] = {
     "k": _int_at_least(1),
     "max_new_tokens": _int_at_least(1),
-    "seed": _int_at_least(0),
+    "seed": _int_in(0, MAX_SEED, f"an integer >= 0 and <= {MAX_SEED} (2**63 - 1)"),
     "round": _int_at_least(0),
     "rotation": _int_at_least(0),
-    "threads": (_int_at_least(0)[0], "an integer >= 0 (0 keeps torch's default)"),
+    "threads": _int_in(0, MAX_THREADS, f"an integer >= 0 (0 keeps torch's default) and <= {MAX_THREADS} "
+                                       "(4 per CPU core here)"),
     "device": (lambda v: bool(DEVICE.match(str(v))), "one of auto, cpu, cuda, cuda:N, mps"),
     "campaign": (lambda v: bool(NAME.match(str(v))),
                  "a name of letters, digits, '_', '.', '-' (up to 64 characters, no '/')"),
@@ -339,18 +347,92 @@ CHECKS: dict[str, Check] = {
     "stage.timing_warmup": _int_at_least(0),
     "stage.tie_ulps": _int_at_least(0),
     "stage.draws": _int_at_least(100),
-    "stage.seeds": _ints_at_least(0, nonempty=True),
+    "stage.seeds": _ints_at_least(0, nonempty=True, below=2**31),  # an int32 column
     "stage.top_tokens": _int_at_least(1),
     "stage.alpha_level": _number_in(0, 1, lo_open=True, hi_open=True),
     "stage.no_power_acceptance": _number_in(0, 1, lo_open=True),
     "stage.contexts": _one_of("prompt", "max_tv"),
     "stage.contexts_per_prompt": _int_at_least(1),
-    "stage.power_sims": _int_at_least(0),
+    "stage.power_sims": _int_at_least(1),
     "stage.hf_contexts": _int_at_least(1),
     "stage.hf_runs": _int_at_least(1),
 }
 
 _ABSENT = object()
+NOT_SCHEMA = ("hydra", "inputs")  # top-level keys besides the schema's: Hydra's own, what a job read (job_inputs)
+
+
+def _schema_keys(typ: type, prefix: str = "") -> list[str]:
+    out = []
+    for f in fields(typ):
+        out.append(prefix + f.name)
+        sub = f.default_factory() if callable(getattr(f, "default_factory", None)) else None
+        if is_dataclass(sub):
+            out += _schema_keys(type(sub), f"{prefix}{f.name}.")
+    return out
+
+
+def schema_keys() -> list[str]:
+    """Every key the schema knows, dotted (a group's keys over all its options)."""
+    keys = [k for k in _schema_keys(SpeclabConf) if k not in ("pair", "prompts", "sampling")]
+    for group, typ in (("pair", PairConf), ("prompts", PromptsConf), ("sampling", SamplingConf)):
+        keys += _schema_keys(typ, f"{group}.")
+    for group, schemas in (("stage", STAGE_SCHEMAS), ("drafter", DRAFTERS), ("k_policy", K_POLICIES)):
+        keys += sorted({k for typ in schemas.values() for k in _schema_keys(typ, f"{group}.")} - {f"{group}._target_"})
+    return keys
+
+
+def config_groups() -> dict[str, bool]:
+    """The config groups (folders of conf/), each with whether choosing it needs a leading ``+`` (not in the
+    main config's defaults: sweep, launcher)."""
+    own = {f.name for f in fields(SpeclabConf)}
+    return {p.name: p.name not in own for p in sorted(CONF_DIR.iterdir()) if p.is_dir() and p.name != "hydra"}
+
+
+def close_matches(word: str, candidates: list[str]) -> list[str]:
+    """Candidates whose last part is spelled like ``word``'s (stage.round ~ round, stage.rounds), closest first."""
+    last = word.rsplit(".", 1)[-1]
+    score = {c: difflib.SequenceMatcher(None, last, c.rsplit(".", 1)[-1]).ratio() for c in candidates}
+    return sorted((c for c in candidates if score[c] >= 0.8), key=lambda c: -score[c])[:4]
+
+
+def did_you_mean(key: str, value: Any = None, known: list[str] | None = None) -> str:
+    """`` did you mean a=1 or +sweep=speed?`` for a key the config does not have ('' when nothing is close)."""
+    shown = "VALUE" if value is None else str(value).lower() if isinstance(value, bool) else _plain(value)
+    groups = config_groups()
+    hints = [f"{'+' * groups[g]}{g}={shown}" for g in close_matches(key, list(groups))] if "." not in key else []
+    hints += [f"{k}={shown}" for k in close_matches(key, known or schema_keys()) if k not in groups]
+    return f" did you mean {' or '.join(hints)}?" if hints else ""
+
+
+def unknown_key_line(key: str, value: Any = None, known: list[str] | None = None) -> str:
+    return (f"{key} is not a config key here:{did_you_mean(key, value, known)} New keys are not allowed "
+            f"(they would be ignored); `python -m pipeline.run --cfg job` lists the keys")
+
+
+def _walk(node: DictConfig, prefix: str = "") -> tuple[list[str], list[tuple[str, Any]]]:
+    """The dotted keys of ``node`` its schemas know, and those they do not (with their values)."""
+    typ = OmegaConf.get_type(node)
+    names = {f.name for f in fields(typ)} if is_dataclass(typ) else None  # a user's option without a schema: any
+    known, unknown = [], []
+    for key in node:
+        dotted, child = f"{prefix}{key}", node._get_node(key)
+        if names is not None and key not in names and not (not prefix and key in NOT_SCHEMA):
+            unknown.append((dotted, child._value() if not isinstance(child, DictConfig) else None))
+            continue
+        known.append(dotted)
+        if isinstance(child, DictConfig) and not (not prefix and key in NOT_SCHEMA):
+            sub_known, sub_unknown = _walk(child, f"{dotted}.")
+            known, unknown = known + sub_known, unknown + sub_unknown
+    return known, unknown
+
+
+def check_keys(cfg: DictConfig) -> None:
+    """A key the schema does not know (``+sweeps=speed``, ``+stage.round=3``) would be ignored: refuse it."""
+    known, unknown = _walk(cfg)
+    if unknown:
+        key, value = unknown[0]
+        raise ConfigError(unknown_key_line(key, value, known))
 
 
 def _plain(value: Any) -> Any:
@@ -358,7 +440,9 @@ def _plain(value: Any) -> Any:
 
 
 def check_config(cfg: DictConfig, stages: tuple[str, ...]) -> None:
-    """Raise ConfigError (one line) for the first value outside its allowed range or choices."""
+    """Raise ConfigError (one line) for a key the schema does not know, or the first value outside its allowed
+    range or choices."""
+    check_keys(cfg)
     for key, (ok, allowed) in CHECKS.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not ok(value):

@@ -59,8 +59,8 @@ def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> Stage
     prompts = prompts if prompts is not None else load_job_prompts(cfg)
     pair = load_pair(cfg.pair.target, cfg.pair.draft, cfg.device, cfg.pair.dtype)
     vocab = pair.target.config.vocab_size
-    inputs = {p.id: encode(p, pair.tokenizer, vocab, pair.device) for p in prompts}
     limits = {"target": context_limit(pair.target), "draft": context_limit(pair.draft)}
+    inputs = {p.id: encode(p, pair.tokenizer, vocab, pair.device, limits) for p in prompts}
     for p in prompts:
         check_fits(p.id, inputs[p.id].shape[1], int(cfg.max_new_tokens), job_k_max(cfg), limits)
     return StageContext(cfg, pair, prompts, inputs, config_hash(cfg))

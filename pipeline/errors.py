@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import re
 
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from pipeline.config_schema import CHECKS, CONF_DIR, ConfigError, check_config
+from pipeline.config_schema import CHECKS, CONF_DIR, ConfigError, check_config, close_matches, unknown_key_line
+from pipeline.redact import redact
 
 # What a type error means to a user, by the type OmegaConf failed to convert to.
 TYPE_WORDS = {"Integer": "an integer", "Boolean": "true or false", "Float": "a number", "String": "a string"}
 CFG_FLAGS = {"--cfg", "-c", "--package", "-p"}
 FLAG_PREFIXES = ("-",)
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+# What Hydra's override grammar takes in a value without quotes (besides ',' between a sweep's values).
+UNQUOTED = "ASCII letters, digits, spaces and $ % * + - . / : ? @ \\ _ |"
 
 
 def _collapse(text: str) -> str:
@@ -19,7 +23,7 @@ def _collapse(text: str) -> str:
 
 
 def _override_value(err: BaseException, key: str) -> str | None:
-    m = re.search(r"override\s+\+*" + re.escape(key.split("[")[0]) + r"=(.*)$", str(err).splitlines()[0])
+    m = re.search(r"(?:override|use)\s+\+*" + re.escape(key.split("[")[0]) + r"=(.*)$", str(err), flags=re.M)
     return m.group(1) if m else None
 
 
@@ -35,25 +39,45 @@ def _hydra_line(err: BaseException) -> str:
         shown = repr(value) if value is not None else f"(value {_collapse(cause.msg)})"
         return f"{base}={shown} is not allowed: use {allowed}"
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and key:
-        return (f"{key} is not a config key here: check its spelling (`python -m pipeline.run --cfg job` "
-                f"lists the keys) or add a new key with +{key}=VALUE")
+        return unknown_key_line(key, _override_value(err, key))
     if isinstance(err, MissingConfigException):
         found = re.search(r"Could not find '([^']+)'", str(err))
         options = re.findall(r"^\t(\S+)$", str(err), flags=re.M)
         if found and "/" in found.group(1):
             group, name = found.group(1).rsplit("/", 1)
-            return f"{group}={name} is not allowed: use one of {options} (or a YAML file in conf/{group}/)"
+            close = close_matches(name, options)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            return f"{group}={name} is not allowed: {hint}use one of {options} (or a YAML file in conf/{group}/)"
+    if isinstance(err, OverrideParseException):
+        return _grammar_line(err)
     return _collapse(err)
 
 
+def _grammar_line(err: OverrideParseException) -> str:
+    """An override Hydra cannot parse: the character it stopped at and what a value may hold."""
+    override, lines = str(err.override), str(err.message).splitlines()
+    at = ""
+    if len(lines) > 1 and "^" in lines[1] and override in lines[0]:
+        col = lines[1].index("^") - lines[0].index(override)
+        if 0 <= col < len(override):
+            at = f" at {override[col]!r} (character {col + 1})"
+    elif found := re.search(r"input '(.+?)'", lines[0] if lines else ""):  # the parser's errors name the input
+        at = f" at {found.group(1)!r}"
+    key = override.split("=", 1)[0].lstrip("+~")
+    allowed = f"; {key} takes {CHECKS[key][1]}" if key in CHECKS else ""
+    return (f"{override!r} cannot be read{at}: a value without quotes may hold {UNQUOTED}; put any other text "
+            f"in quotes ({key}='...'){allowed}")
+
+
 def error_line(err: BaseException) -> str | None:
-    """The one-line message for bad input; None for an unexpected error (a bug keeps its traceback)."""
+    """The one-line message for bad input (credentials in URIs masked); None for an unexpected error (a bug
+    keeps its traceback)."""
     if isinstance(err, (HydraException, OmegaConfBaseException)):
-        return _hydra_line(err)
+        return redact(_hydra_line(err))
     if isinstance(err, (ValueError, FileNotFoundError)):
-        return _collapse(err)
+        return redact(_collapse(err))
     if isinstance(err, OSError):
-        return _collapse(f"{err.filename or ''}: {err.strerror or err}")
+        return redact(_collapse(f"{err.filename or ''}: {err.strerror or err}"))
     return None
 
 
@@ -72,8 +96,20 @@ def _overrides(argv: list[str]) -> list[str] | None:
     return out
 
 
+def check_flag_order(argv: list[str]) -> None:
+    """``-m`` between overrides makes argparse print its usage: say where it goes in one line."""
+    for i, arg in enumerate(argv):
+        before, after = argv[:i], argv[i + 1:]
+        if arg in MULTIRUN_FLAGS and any(not a.startswith(FLAG_PREFIXES) for a in before) \
+                and any(not a.startswith(FLAG_PREFIXES) for a in after):
+            raise ValueError(f"{arg} must come before the overrides or after all of them: "
+                             f"python -m pipeline.run {arg} {' '.join(a for a in argv if a != arg)}")
+
+
 def precheck(argv: list[str]) -> None:
-    """``--cfg job`` prints a config without running it: check the ranges here so a bad value still says so."""
+    """Flags out of place; and ``--cfg job`` prints a config without running it: check the config here so a bad
+    value still says so."""
+    check_flag_order(argv)
     overrides = _overrides(argv)
     if overrides is None:
         return

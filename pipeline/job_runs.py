@@ -13,6 +13,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from pipeline.jobs import run_identity, run_params
+from pipeline.redact import redact
 from pipeline.stages import StageOutput, stage_module
 from pipeline.stages.common import run_name
 from pipeline.summary import headline, write_job_record
@@ -129,6 +130,6 @@ class JobRuns:
         hc = HydraConfig.get()
         done = {r["stage"] for r in self.records}
         write_job_record(Path(hc.runtime.output_dir), {
-            "job": hc.job.num if hc.mode == RunMode.MULTIRUN else 0, "overrides": " ".join(hc.overrides.task),
+            "job": hc.job.num if hc.mode == RunMode.MULTIRUN else 0, "overrides": redact(" ".join(hc.overrides.task)),
             "parts": self.records + [{"stage": p, "status": status.lower(), "file": "", "headline": ""}
                                      for p in parts if p not in done]})

@@ -9,6 +9,7 @@ import yaml
 
 PROMPT_DIR = Path(__file__).parent / "prompts"
 FIELDS = ("id", "kind", "text")
+STAND_IN_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,15 @@ def _parse(path: Path) -> list[Prompt]:
         missing = [f for f in FIELDS if entry.get(f) is None]
         if missing:
             raise ValueError(f"{name} in {path.name} lacks {missing}: each prompt needs {list(FIELDS)}")
+        if not isinstance(entry["text"], str):
+            raise ValueError(f"{name} in {path.name} has a text of type {type(entry['text']).__name__} "
+                             f"({entry['text']!r}): write the text as a string (quote it)")
+        odd = [f for f in ("id", "kind") if not isinstance(entry[f], (str, int)) or isinstance(entry[f], bool)]
+        if odd:
+            raise ValueError(f"{name} in {path.name} has a {odd[0]!r} of type {type(entry[odd[0]]).__name__}: "
+                             f"use a name (a string)")
         pid, kind, text = (str(entry[f]) for f in FIELDS)
+        _check_unicode(f"prompt {pid!r} in {path.name}", text)
         if not pid.strip() or not kind.strip():
             raise ValueError(f"{name} in {path.name} has an empty id or kind: both must be non-empty")
         if not text.strip():
@@ -52,6 +61,15 @@ def _parse(path: Path) -> list[Prompt]:
         seen[pid] = i
         prompts.append(Prompt(pid, kind, text))
     return prompts
+
+
+def _check_unicode(name: str, text: str) -> None:
+    """A lone surrogate (YAML "\\ud800") cannot be encoded: say where, instead of failing in the tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{name} has an invalid character {text[err.start]!r} at position {err.start + 1} "
+                         "(a lone surrogate): texts must be valid Unicode") from None
 
 
 def load_prompts(file: str, kinds: list[str], per_kind: int = 0, skip_per_kind: int = 0) -> list[Prompt]:
@@ -75,18 +93,29 @@ def load_prompts(file: str, kinds: list[str], per_kind: int = 0, skip_per_kind: 
         raise ValueError(f"prompt kinds {unknown} not in {path.name}: allowed are {available}")
     chosen: list[Prompt] = []
     for kind in kinds:
-        of_kind = [p for p in prompts if p.kind == kind][skip_per_kind:]
+        of_kind = [p for p in prompts if p.kind == kind]
+        if skip_per_kind >= len(of_kind):
+            raise ValueError(f"prompts.skip_per_kind={skip_per_kind} leaves no prompt of kind {kind!r}: {path.name} has "
+                             f"{len(of_kind)} of that kind; use prompts.skip_per_kind < {len(of_kind)}")
+        of_kind = of_kind[skip_per_kind:]
         chosen += of_kind[:per_kind] if per_kind > 0 else of_kind
     if not chosen:
         raise ValueError(f"the prompt set is empty: {path.name} has no prompt of kinds {list(kinds)}")
     return chosen
 
 
-def encode(prompt: Prompt, tokenizer, vocab_size: int, device: torch.device) -> torch.Tensor:
-    """Token ids [1, n]. Without a tokenizer (tiny random models) the text's bytes stand in for tokens."""
+def encode(prompt: Prompt, tokenizer, vocab_size: int, device: torch.device,
+           limits: dict[str, int | None] | None = None) -> torch.Tensor:
+    """Token ids [1, n]. Without a tokenizer (tiny random models) the text's bytes stand in for tokens and the
+    first ``STAND_IN_TOKENS`` of them are read (tiny models' prompts stay short); a text with more bytes than
+    a model's context (``limits``: role -> context) is refused all the same, as a tokenised one would be."""
     if tokenizer is None:
-        ids = [b % vocab_size for b in prompt.text.encode()[:64]]
-        return torch.tensor([ids], device=device)
+        data = prompt.text.encode()
+        for role, limit in (limits or {}).items():
+            if limit is not None and len(data) > limit:
+                raise ValueError(f"prompt {prompt.id!r} has {len(data)} bytes (a tokenizer-less model's tokens), more "
+                                 f"than the {role}'s context of {limit}: shorten the prompt")
+        return torch.tensor([[b % vocab_size for b in data[:STAND_IN_TOKENS]]], device=device)
     ids = tokenizer(prompt.text, return_tensors="pt").input_ids
     if ids.shape[1] == 0:
         raise ValueError(f"prompt {prompt.id!r} encodes to no tokens: give it some text")

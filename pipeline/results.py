@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from pipeline.job_inputs import job_inputs
 from pipeline.jobs import config_hash
+from pipeline.redact import redact_all
 from store.records import write_parquet
 
 
@@ -19,7 +20,7 @@ def now() -> str:
 def hydra_overrides() -> list[str] | None:
     from hydra.core.hydra_config import HydraConfig
 
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    return redact_all(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
 
 
 def provenance(cfg: DictConfig, part: str, started: str, git_commit: str) -> dict:

@@ -23,7 +23,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from pipeline.config_schema import check_config, register  # noqa: E402
+from pipeline.config_schema import ConfigError, check_config, register  # noqa: E402
 from pipeline.context import StageContext, build_context, load_job_prompts  # noqa: E402
 from pipeline.errors import error_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
@@ -31,6 +31,7 @@ from pipeline.job_runs import JobRuns  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
 from pipeline.results import now, provenance, write_result  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
+from pipeline.stages.options import check_used  # noqa: E402
 from pipeline.tracking import end_open_parent  # noqa: E402
 from pipeline.workers import dies_with_sweep  # noqa: E402
 from store.layout import STAGES, StoreError  # noqa: E402
@@ -61,6 +62,10 @@ def ensure_writable(folder: Path) -> None:
 def validate(cfg: DictConfig):
     """Every check that needs no model; returns the stage parts to run and the prompts."""
     check_config(cfg, STAGES)
+    check_used(cfg, list(cfg.stage.parts))
+    if not str(cfg.outputs_dir).strip():  # an empty folder name would put results in the folder run from
+        raise ConfigError(f"outputs_dir={str(cfg.outputs_dir)!r} is not allowed: use a folder path "
+                          "(default: outputs/ in the folder you run from)")
     prompts = load_job_prompts(cfg)
     ensure_writable(campaign_dir(cfg))
     return list(cfg.stage.parts), prompts

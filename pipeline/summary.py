@@ -7,6 +7,8 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.redact import redact
+
 RECORD = "speclab_job.json"  # written by each job into its Hydra output folder
 # The numbers a summary row shows, in order of preference, when the stage logged them.
 HEADLINE = ("speedup", "alpha", "identical_share", "c_draft", "plain_tokens_per_s", "no_power_contexts",
@@ -42,7 +44,7 @@ def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = 
         counts = table.status.value_counts().to_dict()
         lines.append("status: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if tracker is not None and parent is not None:
-        lines.append(f"MLflow: experiment {tracker.experiment!r} at {tracker.uri}, parent run {parent} (its child runs "
+        lines.append(f"MLflow: experiment {tracker.experiment!r} at {redact(tracker.uri)}, parent run {parent} (its child runs "
                      "are the jobs; a speed job's children are its arms). Browse with "
                      "`MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --workers 1` and open the parent run.")
     else:

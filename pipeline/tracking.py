@@ -22,6 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.redact import redact, redact_all
 from store.locks import tracking_store_lock
 from store.mlflow_probe import first_line, unreachable
 from store.records import git_commit
@@ -77,7 +78,7 @@ def say_unreachable(uri: str, problem: str, consequence: str) -> None:
     """One line per process and store, however many jobs find it down."""
     if uri not in _said:
         _said.add(uri)
-        print(f"speclab: MLflow at {uri} is unreachable ({problem}): {consequence} once it is back to log them",
+        print(redact(f"speclab: MLflow at {uri} is unreachable ({problem}): {consequence} once it is back to log them"),
               file=sys.stderr)
 
 
@@ -85,8 +86,8 @@ def _mark_down(uri: str, err: BaseException) -> None:
     during = "the multirun" if os.environ.get(PARENT_ENV) else "the job"
     _set_down(uri, f"became unreachable during {during}: {first_line(err)}")
     _said.add(uri)  # this line is the process's one report of the outage
-    print(f"speclab: warning: MLflow at {uri} failed ({first_line(err)}); the rest of this process writes Parquet "
-          "only (rerun the job later to log it)", file=sys.stderr)
+    print(redact(f"speclab: warning: MLflow at {uri} failed ({first_line(err)}); the rest of this process writes "
+                 "Parquet only (rerun the job later to log it)"), file=sys.stderr)
 
 
 def process_tags() -> dict[str, str]:
@@ -151,7 +152,7 @@ def hydra_tags() -> dict[str, str]:
     choices = hc.runtime.choices
     tags = {f"choice.{g}": str(choices[g]) for g in GROUPS if choices.get(g) is not None}
     tags["sweep"] = str(choices.get("sweep") or "none")
-    tags["overrides"] = " ".join(hc.overrides.task)[:5000]
+    tags["overrides"] = redact(" ".join(hc.overrides.task))[:5000]
     return tags
 
 
@@ -347,10 +348,10 @@ class CreateTrackingStore(Callback):
         campaign = str(config.campaign)
         name = f"sweep {sweep} · {campaign} · {time.strftime('%Y-%m-%d %H:%M')}"
         tags = {"level": "sweep", "sweep": sweep, "campaign": campaign, "sweep_dir": str(hc.sweep.dir),
-                "overrides": " ".join(hc.overrides.task)[:5000], "mlflow.source.git.commit": git_commit(),
+                "overrides": redact(" ".join(hc.overrides.task))[:5000], "mlflow.source.git.commit": git_commit(),
                 "mlflow.source.name": "pipeline.run", **machine_tags()}
         self.parent = self.tracker.start(name, {"stage": "sweep", "campaign": campaign}, tags,
-                                         {"sweep": sweep, "overrides": " ".join(hc.overrides.task)})
+                                         {"sweep": sweep, "overrides": redact(" ".join(hc.overrides.task))})
         if self.parent:
             os.environ[PARENT_ENV], os.environ[PARENT_URI_ENV] = self.parent, self.uri
 
@@ -380,4 +381,4 @@ def end_open_parent(status: str) -> None:
 
 def resolved_config(cfg: DictConfig) -> dict:
     """The job's config as plain data (logged as the run's config.yaml)."""
-    return OmegaConf.to_container(cfg, resolve=True)
+    return redact_all(OmegaConf.to_container(cfg, resolve=True))

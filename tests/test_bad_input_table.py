@@ -35,6 +35,16 @@ PROMPT_FILES = {
     "duplicate_ids": (GOOD + "- {id: a, kind: prose, text: 'another text'}\n", "prompt id 'a' appears twice"),
     "string_entry": ("- just a string\n", "each prompt is a mapping"),
     "empty_id": ("- {id: '', kind: prose, text: hi}\n", "empty id or kind"),
+    # A text must be a string, not whatever YAML made of it ([1, 2] was measured as the text "[1, 2]").
+    "text_list": ("- {id: a, kind: prose, text: [1, 2]}\n", "prompt #1 (id 'a') in text_list.yaml has a text of type list"),
+    "text_number": ("- {id: a, kind: prose, text: 12}\n", "has a text of type int (12): write the text as a string"),
+    "kind_list": ("- {id: a, kind: [prose], text: hi}\n", "has a 'kind' of type list: use a name"),
+    "lone_surrogate": ('- {id: a, kind: prose, text: "bad \\ud800 here"}\n',
+                       "prompt 'a' in lone_surrogate.yaml has an invalid character '\\ud800' at position 5 (a lone "
+                       "surrogate): texts must be valid Unicode"),
+    # Longer than the tiny model's 512 positions: refused, not cut to the stand-in tokenizer's 64 bytes.
+    "too_long": (f"- {{id: a, kind: prose, text: '{'x' * 600_000}'}}\n",
+                 "prompt 'a' has 600000 bytes (a tokenizer-less model's tokens), more than the target's context of 512"),
 }
 
 CASES = [
@@ -114,6 +124,46 @@ CASES = [
     (["pair.draft=int4"], "int4"),
     (["pair.target=/nonexistent/model"], "/nonexistent/model"),
     (["pair.target=tiny-random:x"], "tiny-random:x"),
+    # Nothing ignored: a key the schema does not know is refused with the close matches (not advised as +key).
+    (["+sweeps=speed"], "sweeps is not a config key here: did you mean +sweep=speed? New keys are not allowed"),
+    (["+stage.round=3"], "stage.round is not a config key here: did you mean round=3?"),
+    (["+rund=1"], "rund is not a config key here: did you mean round=1"),
+    (["+sampling.temprature=0.5"], "did you mean sampling.temperature=0.5"),
+    (["+drafter.max_ngrams=3", "drafter=prompt_lookup"], "drafter.max_ngrams is not a config key here: did you mean "
+                                                         "drafter.max_ngram=3"),
+    (["stage.round=3"], "stage.round is not a config key here: did you mean round=3 or stage.rounds=3? New keys are "
+                        "not allowed"),
+    (["+sweep=sped"], "sweep=sped is not allowed: did you mean speed? use one of ["),
+    (["+sweep=nosuch"], "sweep=nosuch is not allowed: use one of ['acceptance'"),
+    (["pair=tiny_randm"], "pair=tiny_randm is not allowed: did you mean tiny_random?"),
+    # An option no stage of the job reads is refused (it would only rename and rehash the same measurement).
+    (["stage=distribution", "drafter=prompt_lookup"],
+     "drafter=prompt_lookup is not used by stage=distribution (its stages ['distribution'] read sampling): leave it out"),
+    (["stage=distribution", "k_policy=heuristic"], "k_policy=heuristic is not used by stage=distribution"),
+    (["stage=divergence", "sampling=t07"],
+     "sampling.do_sample=True, sampling.temperature=0.7 is not used by stage=divergence"),
+    (["stage=timing", "drafter=hybrid"], "drafter=hybrid is not used by stage=timing (its stages ['timing'] read none of"),
+    (["stage=timing", "sampling.top_p=0.9"], "sampling.top_p=0.9 is not used by stage=timing"),
+    # Ranges that used to end in a traceback (or a MemoryError with runs left RUNNING).
+    (["threads=100000"], "threads=100000 is not allowed: use an integer >= 0 (0 keeps torch's default) and <= "),
+    (["seed=18446744073709551616"], "seed=18446744073709551616 is not allowed: use an integer >= 0 and <= "
+                                    "9223372036854775807"),
+    (["stage=distribution", "stage.power_sims=0"], "stage.power_sims=0 is not allowed: use an integer >= 1"),
+    (["stage=distribution", "stage.seeds=[2147483648]"], "stage.seeds=[2147483648] is not allowed: use a non-empty "
+                                                         "list of integers >= 0 and < 2147483648"),
+    (["outputs_dir="], "outputs_dir='' is not allowed: use a folder path"),
+    (["outputs_dir=' '"], "outputs_dir=' ' is not allowed"),
+    (["prompts.skip_per_kind=4"], "prompts.skip_per_kind=4 leaves no prompt of kind 'prose': default.yaml has 4 of that "
+                                  "kind; use prompts.skip_per_kind < 4"),
+    # Hydra's grammar: what a value may hold, and what the key takes.
+    (["campaign=réf"], "'campaign=réf' cannot be read at 'é' (character 11): a value without quotes may hold ASCII "
+                       "letters, digits, spaces and"),
+    (["campaign=a;b"], "cannot be read at ';' (character 11)"),
+    (["campaign=a;b"], "campaign takes a name of letters, digits"),
+    (["prompts.kinds=[prose&code]"], "cannot be read at '&'"),
+    (["k=[1,2"], "'k=[1,2' cannot be read at '[1,2'"),
+    (["prompts.kinds=[prose&code]"], "put any other text in quotes (prompts.kinds='...'); prompts.kinds takes a "
+                                     "non-empty list of prompt kinds"),
 ]
 
 
@@ -201,6 +251,11 @@ def _cli(tmp_path, *args):
     (("--cfg", "job", "sampling.top_p=2"), "sampling.top_p=2.0 is not allowed"),
     (("pair=no_such_pair",), "pair=no_such_pair is not allowed: use one of ["),
     (("pair=tiny_random", "prompts.per_kind=-1"), "prompts.per_kind=-1 is not allowed"),
+    (("pair=tiny_random", "k=2", "-m", "k=1,2"), "-m must come before the overrides or after all of them"),
+    (("pair=tiny_random", "+sweeps=speed"), "sweeps is not a config key here: did you mean +sweep=speed?"),
+    (("pair=tiny_random", "campaign=é"), "'campaign=é' cannot be read at 'é'"),
+    (("pair=tiny_random", "mlflow.tracking_uri=http://alice:S3cretPw@host:1/?token=T0kenX"),
+     "'mlflow.tracking_uri=http://alice:***@host:1/?token=***' cannot be read at '='"),
 ])
 def test_cli_says_it_in_one_line(tmp_path, args, expected):
     res = _cli(tmp_path, "mlflow.enabled=false", f"outputs_dir={tmp_path}", f"hydra.run.dir={tmp_path}/h", *args) \
@@ -208,3 +263,4 @@ def test_cli_says_it_in_one_line(tmp_path, args, expected):
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "%|" not in ln]
     assert lines == [f"speclab: error: {lines[0].removeprefix('speclab: error: ')}"] and expected in lines[0], res.stderr
+    assert "S3cretPw" not in res.stderr + res.stdout and "T0kenX" not in res.stderr + res.stdout

@@ -2,7 +2,8 @@
 
 Two measurements in one job: the target's (and draft's) pass time over B rows x n new tokens (where
 the flatness of the pass ends), and batched plain vs batched speculative throughput (tokens/s summed
-over rows) at each batch size B and k, in adjacent runs whose order rotates. Rows of a batch are
+over rows) at each batch size B and k (with an adaptive k policy: the k each run starts at), in adjacent
+runs whose order rotates. The speculative arm uses the job's drafter and k policy. Rows of a batch are
 consecutive prompts of the selection (wrapping around when B exceeds it).
 """
 from __future__ import annotations
@@ -118,7 +119,8 @@ def _generate(ctx: StageContext, arm: str, k: int, ids: list, n_new: int, sampli
     pair = ctx.pair
     if arm == "plain":
         return batch_plain_generate(pair.target, ids, n_new, sampling, pair.eos_token_id, gen)
-    return batch_speculative_generate(pair.target, pair.draft, ids, n_new, k, sampling, pair.eos_token_id, gen)
+    s = ctx.strategy(k)  # the job's drafter and k policy (default: the draft model, k fixed), new for each run
+    return batch_speculative_generate(pair.target, s.drafter, ids, n_new, s.policy, sampling, pair.eos_token_id, gen)
 
 
 def describe(cfg: DictConfig) -> str:

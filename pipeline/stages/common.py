@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig
 
 from pipeline.context import StageContext
+from pipeline.stages.options import uses
 from speclab.sampling import SamplingConfig
 from speclab.timing import memory_placement
 
@@ -39,13 +40,14 @@ def memory_columns(ctx: StageContext) -> dict:
 def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[str] = ()) -> str:
     """Readable and distinct in MLflow's run table: the stage, its own ``settings`` (its k), the drafter and
     k policy where they are not the default ones, its ``extra`` arms, sampling, prompts, round and pair
-    (the config hash is a tag)."""
+    (the config hash is a tag). Options the stage does not read (pipeline/stages/options.py) are left out."""
+    read = uses(part)
     bits = [part, *settings]
-    bits += [str(cfg.drafter.name)] if cfg.drafter.name != "model" else []
-    bits += [str(cfg.k_policy.name)] if cfg.k_policy.name != "fixed" else []
+    bits += [str(cfg.drafter.name)] if cfg.drafter.name != "model" and "drafter" in read else []
+    bits += [str(cfg.k_policy.name)] if cfg.k_policy.name != "fixed" and "k_policy" in read else []
     bits += extra
     s, p = cfg.sampling, cfg.prompts
-    if s.do_sample:
+    if s.do_sample and "sampling" in read:
         bits.append(f"T{s.temperature:g}" + (f" p{s.top_p:g}" if s.top_p < 1 else ""))
     bits.append("+".join(p.kinds) + (f"[{p.per_kind}]" if p.per_kind else "")
                 + (f"[skip {p.skip_per_kind}]" if p.skip_per_kind else ""))

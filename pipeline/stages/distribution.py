@@ -21,6 +21,7 @@ from pipeline.context import StageContext
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name, sampling_config
+from pipeline.stages.options import unused_note
 from speclab.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution
 from speclab.contexts import Context, max_tv_contexts, prompt_context
 from speclab.peer import hf_generate
@@ -136,4 +137,4 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                       f"contexts ({st.contexts}) x {len(st.seeds)} seeds x {n} draws; "
                       f"{metrics['no_power_contexts']} contexts have no power (expected acceptance > "
                       f"{st.no_power_acceptance}); TV(p, q) {df.total_variation.min():.2f}..{df.total_variation.max():.2f}")
-    return StageOutput(df, metrics, summary, arms)
+    return StageOutput(df, metrics, summary + unused_note(cfg, "distribution"), arms)

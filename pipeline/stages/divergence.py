@@ -10,6 +10,7 @@ from pipeline.context import StageContext
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, ks_label, run_name, stage_ks
+from pipeline.stages.options import unused_note
 from speclab.divergence import classify, first_difference, recompute_logits
 from speclab.loop import plain_greedy, speculative_generate
 
@@ -88,4 +89,4 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                               {"runs": len(sub), "identical_share": sub.identical.astype(bool).mean(),
                                "divergences": len(div), "near_ties": int((div.classification == "near_tie").sum()),
                                "bugs": int((div.classification == "bug").sum())}))
-    return StageOutput(df, metrics, summary, arms)
+    return StageOutput(df, metrics, summary + unused_note(cfg, "divergence"), arms)

@@ -9,6 +9,7 @@ from pipeline.context import StageContext
 from store.records import make_schema
 from pipeline.stages import StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns, run_name
+from pipeline.stages.options import unused_note
 from speclab.step_costs import pass_times, prefill_times
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
@@ -63,4 +64,4 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                + ", ".join(f"{n}: {metrics[f'c_verify_n{n}']:.2f}" for n in lengths)]
     if not df.memory_trusted.all():
         summary.append(f"WARNING: memory placement not trusted: {df.memory_reason[~df.memory_trusted].iloc[0]}")
-    return StageOutput(df, metrics, summary)
+    return StageOutput(df, metrics, summary + unused_note(cfg, "timing"))
