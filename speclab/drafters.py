@@ -6,6 +6,7 @@ from typing import Hashable, Protocol
 import torch
 
 from speclab.batch_cache import RaggedKV
+from speclab.checks import shown
 from speclab.sampling import SamplingConfig, logits_to_probs
 
 
@@ -200,8 +201,7 @@ def row_drafter(drafter: object) -> Drafter:
         return drafter
     if all(hasattr(drafter, m) for m in ("start", "propose", "rollback")):
         return OneRow(drafter)
-    shown = " ".join(repr(drafter).split())[:80]
-    raise ValueError(f"drafter={shown} is not allowed: give a draft model (torch.nn.Module) or a drafter "
+    raise ValueError(f"drafter={shown(drafter)} is not allowed: give a draft model (torch.nn.Module) or a drafter "
                      "(ModelDrafter, PromptLookupDrafter, HybridDrafter, or one with start/propose/rollback)")
 
 

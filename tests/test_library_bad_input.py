@@ -297,6 +297,18 @@ def test_a_budget_that_just_fits_runs():
     assert len(speculative_generate(short, PromptLookupDrafter(), ids, 13, k=4).tokens) == 13
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_prompt_on_cpu_for_a_cuda_model(loop):
+    target, draft = tiny_random_model(64, seed=0).cuda(), tiny_random_model(64, seed=1).cuda()
+    with pytest.raises(ValueError) as exc:
+        LOOPS[loop](target, draft, torch.tensor([[1, 2, 3]]), 4)
+    assert "the prompt token ids are on cpu but the target model is on cuda:0" in _message(exc)
+    with pytest.raises(ValueError) as exc:  # a draft left on the CPU
+        LOOPS["spec"](target, draft.cpu(), torch.tensor([[1, 2, 3]], device="cuda"), 4)
+    assert "are on cuda:0 but the draft model is on cpu" in _message(exc)
+
+
 def test_a_model_vocabulary_larger_than_its_tokenizer_loads(tmp_path: Path):
     """Padded embeddings (the model knows more ids than the tokenizer makes) are common and fine."""
     model, tok = load_model(str(_tiny_folder(tmp_path / "padded", with_tokenizer=True, words=50)), CPU, torch.float32)
