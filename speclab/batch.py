@@ -62,7 +62,8 @@ from speclab.acceptance import AcceptRule, accept_sample, batch_accept_greedy  #
 from speclab.batch_cache import RaggedKV
 from speclab.drafters import Drafter
 from speclab.k_policy import KPolicy
-from speclab.rows import Rows, check_budget, eos_tensor
+from speclab.checks import check_call
+from speclab.rows import Rows, eos_tensor
 from speclab.sampling import GREEDY, SamplingConfig, logits_to_probs
 from speclab.step import run_speculative
 from speclab.timing import Stopwatch, synchronize
@@ -141,8 +142,8 @@ def _rows(prompts: list[torch.Tensor]) -> list[torch.Tensor]:
         raise ValueError("prompts must be a non-empty list of token id tensors")
     rows = []
     for i, p in enumerate(prompts):
-        if not isinstance(p, torch.Tensor) or p.dtype.is_floating_point:
-            raise ValueError(f"prompt {i} must be an integer tensor of token ids")
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"prompt {i} of type {type(p).__name__} is not allowed: use a tensor of token ids")
         if p.dim() == 2 and p.shape[0] == 1:
             p = p[0]
         if p.dim() != 1 or p.shape[0] < 1:
@@ -166,9 +167,9 @@ def batch_plain_generate(model: torch.nn.Module, prompts: list[torch.Tensor], ma
                          generator: torch.Generator | None = None) -> BatchResult:
     """One target pass per token for all unfinished rows (left padding, mask, explicit positions)."""
     rows = _rows(prompts)
-    max_new_tokens = check_budget(max_new_tokens)
-    device = rows[0].device
-    eos = eos_tensor(eos_token_id, device)
+    checked = check_call(model, [], rows, max_new_tokens, eos_token_id)
+    max_new_tokens, device = checked.max_new_tokens, rows[0].device
+    eos = eos_tensor(checked.eos, device)
     st = Rows(rows, max_new_tokens + 1)
     kv = RaggedKV(model, len(rows), device)
     longest = max(st.plen_h)

@@ -6,6 +6,7 @@ from typing import Hashable, Protocol
 import torch
 
 from speclab.batch_cache import RaggedKV
+from speclab.checks import shown
 from speclab.sampling import SamplingConfig, logits_to_probs
 
 
@@ -196,7 +197,12 @@ def row_drafter(drafter: object) -> Drafter:
     """A drafter in the row interface: a draft model becomes a ``ModelDrafter``, a one-row drafter a ``OneRow``."""
     if isinstance(drafter, torch.nn.Module):
         return ModelDrafter(drafter)
-    return drafter if hasattr(drafter, "propose_rows") else OneRow(drafter)
+    if hasattr(drafter, "propose_rows"):
+        return drafter
+    if all(hasattr(drafter, m) for m in ("start", "propose", "rollback")):
+        return OneRow(drafter)
+    raise ValueError(f"drafter={shown(drafter)} is not allowed: give a draft model (torch.nn.Module) or a drafter "
+                     "(ModelDrafter, PromptLookupDrafter, HybridDrafter, or one with start/propose/rollback)")
 
 
 class PromptLookupDrafter:

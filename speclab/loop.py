@@ -10,7 +10,7 @@ from speclab.acceptance import AcceptRule, accept_sample, checked_proposals
 from speclab.cache import forward_logits, new_cache
 from speclab.drafters import Drafter, OneRowDrafter
 from speclab.k_policy import KPolicy
-from speclab.rows import check_budget
+from speclab.checks import check_call
 from speclab.sampling import GREEDY, SamplingConfig, choose_token
 from speclab.step import run_speculative
 from speclab.timing import Stopwatch, synchronize
@@ -88,14 +88,11 @@ class GenerationResult:
 
 
 def _check_prompt(input_ids: torch.Tensor) -> None:
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(f"input_ids of type {type(input_ids).__name__} is not allowed: use a tensor of token ids "
+                         "of shape [1, n>=1]")
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape [1, n>=1]; got {tuple(input_ids.shape)}")
-
-
-def _eos_set(eos_token_id: int | list[int] | None) -> set[int]:
-    if eos_token_id is None:
-        return set()
-    return {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
 
 
 @torch.inference_mode()
@@ -104,9 +101,10 @@ def plain_generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_toke
                    generator: torch.Generator | None = None) -> GenerationResult:
     """One target pass per token. ``step_s`` holds each decode step's synchronised time."""
     _check_prompt(input_ids)
-    max_new_tokens = check_budget(max_new_tokens)
+    checked = check_call(model, [], [input_ids[0]], max_new_tokens, eos_token_id)
+    max_new_tokens, eos = checked.max_new_tokens, set(checked.eos)
+    input_ids = input_ids.long()
     device = input_ids.device
-    eos = _eos_set(eos_token_id)
     cache = new_cache(model)
     synchronize(device)
     t0 = time.perf_counter()

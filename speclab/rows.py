@@ -17,8 +17,8 @@ def check_budget(max_new_tokens: int) -> int:
     return n
 
 
-def eos_tensor(eos_token_id: int | list[int] | None, device: torch.device) -> torch.Tensor:
-    ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+def eos_tensor(ids: list[int], device: torch.device) -> torch.Tensor:
+    """The EOS ids (``speclab.checks.eos_ids``) on the device, for ``torch.isin``."""
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 

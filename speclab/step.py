@@ -22,7 +22,8 @@ from speclab.acceptance import AcceptRule, batch_accept_greedy
 from speclab.batch_cache import RaggedKV
 from speclab.drafters import Drafter, row_drafter
 from speclab.k_policy import KPolicy, RowPolicies
-from speclab.rows import Rows, check_budget, eos_tensor
+from speclab.checks import check_call, draft_models
+from speclab.rows import Rows, eos_tensor
 from speclab.sampling import SamplingConfig, logits_to_probs
 from speclab.timing import Stopwatch, synchronize
 
@@ -151,10 +152,10 @@ def run_speculative(target: torch.nn.Module, drafter: object, prompts: list[torc
     of the longest row (None: never).
     """
     policies = RowPolicies(k, len(prompts))
-    max_new_tokens = check_budget(max_new_tokens)
     drafter = row_drafter(drafter)
-    device = prompts[0].device
-    eos = eos_tensor(eos_token_id, device)
+    checked = check_call(target, draft_models(drafter), prompts, max_new_tokens, eos_token_id, k)
+    max_new_tokens, device = checked.max_new_tokens, prompts[0].device
+    eos = eos_tensor(checked.eos, device)
     # A row proposes at most max_new_tokens - 1 tokens past a length of at most prompt + max_new_tokens - 1.
     st = Rows(prompts, 2 * max_new_tokens + 1)
     tkv = RaggedKV(target, len(prompts), device)

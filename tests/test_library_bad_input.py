@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from speclab import models
+from speclab.batch import batch_plain_generate, batch_speculative_generate
+from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from speclab.k_policy import CostModelK, FixedK, HeuristicK
-from speclab.loop import speculative_generate
+from speclab.loop import plain_generate, speculative_generate
 from speclab.models import load_model, load_pair, tiny_random_model
 
 CPU = torch.device("cpu")
@@ -31,14 +33,14 @@ def _message(exc: pytest.ExceptionInfo) -> str:
     return msg
 
 
-def _tiny_folder(dest: Path, with_tokenizer: bool = False) -> Path:
-    """What save_pretrained writes for a tiny random Llama (and a 64-word tokenizer when asked)."""
+def _tiny_folder(dest: Path, with_tokenizer: bool = False, words: int = 64) -> Path:
+    """What save_pretrained writes for a tiny random Llama (and a tokenizer of ``words`` words when asked)."""
     tiny_random_model().save_pretrained(dest)
     if with_tokenizer:
         from tokenizers import Tokenizer, models as tk_models, pre_tokenizers
         from transformers import PreTrainedTokenizerFast
 
-        vocab = {f"t{i}": i for i in range(63)} | {"[UNK]": 63}
+        vocab = {f"t{i}": i for i in range(words - 1)} | {"[UNK]": words - 1}
         tok = Tokenizer(tk_models.WordLevel(vocab, unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(dest)
@@ -101,6 +103,92 @@ def _never_load_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Calla
     return lambda: load_pair("smollm2-135m", "int4", "cpu")
 
 
+# --- the decoding loops: every entry point gets the same checks ---------------------------------
+
+T0, T1, T80 = (tiny_random_model(64, seed=0), tiny_random_model(64, seed=1),  # 64 tokens, 512 positions
+               tiny_random_model(80, seed=1))
+LOOPS = {
+    "plain": lambda t, d, ids, n, **kw: plain_generate(t, ids, n, **kw),
+    "spec": lambda t, d, ids, n, **kw: speculative_generate(t, d, ids, n, k=4, **kw),
+    "batch-plain": lambda t, d, ids, n, **kw: batch_plain_generate(t, [ids, ids[:, :1]], n, **kw),
+    "batch-spec": lambda t, d, ids, n, **kw: batch_speculative_generate(t, d, [ids[:, :1], ids], n, k=4, **kw),
+}
+SPEC_LOOPS = ("spec", "batch-spec")
+
+
+def _loop(name: str, ids: object = None, n: object = 4, target: torch.nn.Module = T0, draft: object = T1,
+          **kw: object) -> Callable[[Path, pytest.MonkeyPatch], Callable[[], object]]:
+    ids = torch.tensor([[1, 2, 3]]) if ids is None else ids
+    return lambda tmp_path, monkeypatch: (lambda: LOOPS[name](target, draft, ids, n, **kw))
+
+
+def _short_draft(positions: int) -> torch.nn.Module:
+    draft = tiny_random_model(64, seed=1)
+    draft.config.max_position_embeddings = positions
+    return draft
+
+
+LOOP_CASES = []
+for _name in LOOPS:
+    _prop, _most = (" and up to 4 proposals", 505) if _name in SPEC_LOOPS else ("", 509)
+    LOOP_CASES += [
+        (f"{_name}-budget-past-positions", _loop(_name, n=600), ValueError,
+         ["max_new_tokens=600 is not allowed here", f"600 new tokens{_prop} need 60", "target's 512",
+          f"max_new_tokens <= {_most} or a shorter prompt"]),
+        (f"{_name}-budget-float", _loop(_name, n=12.0), ValueError, ["max_new_tokens=12.0 is not allowed", "integer >= 1"]),
+        (f"{_name}-eos-str", _loop(_name, eos_token_id="x"), ValueError,
+         ["eos_token_id='x' is not allowed", "None, a token id (an integer in 0..63) or a list of them"]),
+        (f"{_name}-eos-float", _loop(_name, eos_token_id=2.0), ValueError, ["eos_token_id=2.0 is not allowed", "0..63"]),
+        (f"{_name}-eos-in-list", _loop(_name, eos_token_id=[2, "3"]), ValueError,
+         ["eos_token_id=[2, '3'] is not allowed", "a list of them"]),
+        (f"{_name}-eos-bool", _loop(_name, eos_token_id=True), ValueError, ["eos_token_id=True is not allowed"]),
+        (f"{_name}-eos-negative", _loop(_name, eos_token_id=-1), ValueError, ["eos_token_id=-1 is not allowed", "0..63"]),
+        (f"{_name}-eos-past-vocab", _loop(_name, eos_token_id=np.int64(64)), ValueError,
+         ["eos_token_id=np.int64(64) is not allowed", "0..63"]),
+        (f"{_name}-ids-float", _loop(_name, ids=torch.tensor([[1.0, 2.0]])), ValueError,
+         ["dtype torch.float32", "integer tensor (torch.long)"]),
+        (f"{_name}-ids-bool", _loop(_name, ids=torch.tensor([[True, False]])), ValueError,
+         ["dtype torch.bool", "integer tensor (torch.long)"]),
+        (f"{_name}-ids-past-vocab", _loop(_name, ids=torch.tensor([[1, 64]])), ValueError,
+         ["token id 64", "0..63", "vocabulary of 64 tokens"]),
+        (f"{_name}-ids-negative", _loop(_name, ids=torch.tensor([[-3, 1]])), ValueError, ["token id -3", "0..63"]),
+        (f"{_name}-ids-meta", _loop(_name, ids=torch.tensor([[1, 2]], device="meta")), ValueError,
+         ["meta device", "put them on the model's device (cpu)"]),
+        (f"{_name}-target-elsewhere", _loop(_name, target=tiny_random_model(64, seed=0).to("meta"), draft=T1),
+         ValueError, ["prompt token ids are on cpu but the target model is on meta", "one device"]),
+    ]
+LOOP_CASES += [
+    (f"{n}-{what}", _loop(n, draft=d), ValueError, frags) for n in SPEC_LOOPS for what, d, frags in [
+        ("drafter-none", None, ["drafter=None is not allowed", "a draft model (torch.nn.Module) or a drafter"]),
+        ("drafter-str", "copy", ["drafter='copy' is not allowed", "ModelDrafter, PromptLookupDrafter, HybridDrafter"]),
+        ("draft-vocab-differs", T80, ["vocabulary mismatch: target has 64 tokens, draft has 80"]),
+        ("model-drafter-vocab-differs", ModelDrafter(T80), ["target has 64 tokens, draft has 80"]),
+        ("hybrid-vocab-differs", HybridDrafter(T80), ["target has 64 tokens, draft has 80"]),
+        ("draft-elsewhere", tiny_random_model(64, seed=3).to("meta"), ["the draft model is on meta"]),
+    ]
+]
+# The budget is checked against the draft's positions too (prompt 3 + 40 new + 4 proposals = 47 > 45).
+LOOP_CASES += [(f"{n}-budget-past-draft-positions-long", _loop(n, n=40, draft=_short_draft(45)), ValueError,
+                ["max_new_tokens=40 is not allowed here", "need 47 positions", "draft's 45", "max_new_tokens <= 38"])
+               for n in SPEC_LOOPS]
+
+
+def _folder_tokenizer_outgrows_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[], object]:
+    folder = _tiny_folder(tmp_path / "mismatch", with_tokenizer=True, words=100)
+    return lambda: load_model(str(folder), CPU, torch.float32)
+
+
+def _cache_on_file(below: bool) -> Callable[[Path, pytest.MonkeyPatch], Callable[[], object]]:
+    def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[], object]:
+        (tmp_path / "afile").write_text("x")
+        monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "afile" / "sub" if below else tmp_path / "afile"))
+        gguf = tmp_path / "fake.gguf"
+        gguf.write_bytes(b"GGUF")
+        monkeypatch.setattr(models, "packaged_gguf_path", lambda name: gguf)
+        return lambda: load_model("smollm2-135m", CPU, torch.float32)
+    return setup
+
+
 CASES = [
     # (id, setup, exception, fragments the message must contain)
     ("packaged-file-missing", _missing_packaged_file, FileNotFoundError,
@@ -137,6 +225,14 @@ CASES = [
      ["damaged'", "could not be loaded", "SafetensorError: ", "save_pretrained", *ANY_MODEL]),
     ("folder-without-config", _folder_without_config, ValueError, ["empty' has no config.json", *ANY_MODEL]),
     ("file-not-folder", _file_not_folder, ValueError, ["weights.bin' is a file, not a folder", *ANY_MODEL]),
+    ("folder-tokenizer-outgrows-model", _folder_tokenizer_outgrows_model, ValueError,
+     ["mismatch' does not match its tokenizer", "tokenizer has 100 tokens", "model's vocabulary 64",
+      "at most the model's vocab_size"]),
+    ("cache-is-a-file", _cache_on_file(below=False), ValueError,
+     ["SPECLAB_CACHE='", "afile' cannot be used", "is a file", "needs a folder"]),
+    ("cache-below-a-file", _cache_on_file(below=True), ValueError,
+     ["SPECLAB_CACHE='", "afile/sub' cannot be used", "afile' is a file", "needs a folder"]),
+    *LOOP_CASES,
 ]
 
 
@@ -168,6 +264,55 @@ def test_integral_policy_bounds_become_plain_ints():
     assert (h.k_start, h.k_min, h.k_max) == (2, 1, 5) and all(type(v) is int for v in (h.k_start, h.k_min, h.k_max))
     c = CostModelK(0.1, k_min=np.int64(1), k_max=np.int64(6), decay=0.7)
     assert type(c.k_max) is int and 1 <= c.k <= 6
+
+
+# --- what the loops accept ---------------------------------------------------------------------
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_eos_of_any_integral_type_and_int32_prompts_are_accepted(loop):
+    ids = torch.tensor([[1, 2, 3]])
+    free = LOOPS[loop](T0, T1, ids, 8).tokens
+    eos = plain_generate(T0, ids, 8).tokens[2]  # a token the output reaches (every loop is exact)
+    want = LOOPS[loop](T0, T1, ids, 8, eos_token_id=eos).tokens
+    assert want != free  # the EOS id matters
+    for same in (np.int64(eos), torch.tensor(eos), (eos,), [np.int32(eos)], torch.tensor([eos])):
+        assert LOOPS[loop](T0, T1, ids, 8, eos_token_id=same).tokens == want, same
+    assert LOOPS[loop](T0, T1, ids.to(torch.int32), 8, eos_token_id=eos).tokens == want
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_budget_that_just_fits_runs():
+    """prompt + max_new_tokens (+ one iteration's proposals) equal to a model's positions is allowed."""
+    short = tiny_random_model(64, seed=0)
+    short.config.max_position_embeddings = 20
+    ids = torch.tensor([[1, 2, 3]])
+    assert len(plain_generate(short, ids, 17).tokens) == 17
+    with pytest.raises(ValueError, match="max_new_tokens <= 17 "):
+        plain_generate(short, ids, 18)
+    assert len(speculative_generate(T0, _short_draft(20), ids, 13, k=4).tokens) == 13
+    with pytest.raises(ValueError, match="more than the draft's 20"):
+        speculative_generate(T0, _short_draft(20), ids, 14, k=4)
+    # Prompt lookup has no draft model: only the target's positions count.
+    assert len(speculative_generate(short, PromptLookupDrafter(), ids, 13, k=4).tokens) == 13
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_prompt_on_cpu_for_a_cuda_model(loop):
+    target, draft = tiny_random_model(64, seed=0).cuda(), tiny_random_model(64, seed=1).cuda()
+    with pytest.raises(ValueError) as exc:
+        LOOPS[loop](target, draft, torch.tensor([[1, 2, 3]]), 4)
+    assert "the prompt token ids are on cpu but the target model is on cuda:0" in _message(exc)
+    with pytest.raises(ValueError) as exc:  # a draft left on the CPU
+        LOOPS["spec"](target, draft.cpu(), torch.tensor([[1, 2, 3]], device="cuda"), 4)
+    assert "are on cuda:0 but the draft model is on cpu" in _message(exc)
+
+
+def test_a_model_vocabulary_larger_than_its_tokenizer_loads(tmp_path: Path):
+    """Padded embeddings (the model knows more ids than the tokenizer makes) are common and fine."""
+    model, tok = load_model(str(_tiny_folder(tmp_path / "padded", with_tokenizer=True, words=50)), CPU, torch.float32)
+    assert len(tok) == 50 and model.config.vocab_size == 64
 
 
 # --- a damaged packaged cache is rebuilt once ----------------------------------------------------
