@@ -7,8 +7,9 @@ import torch
 from omegaconf import DictConfig
 
 from pipeline.jobs import config_hash
-from pipeline.prompts import Prompt, check_fits, context_limit, encode, load_prompts
+from pipeline.prompts import Prompt, check_fits, encode, load_prompts
 from pipeline.strategies import drafter_conf, make_drafter, policy_conf, policy_spec
+from speclab.checks import context_limit
 from speclab.models import ModelPair, load_pair
 from speclab.strategy import Strategy, make_strategy, measure_prices
 from speclab.time_model import CostTable

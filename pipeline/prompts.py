@@ -122,14 +122,6 @@ def encode(prompt: Prompt, tokenizer, vocab_size: int, device: torch.device,
     return ids.to(device)
 
 
-def context_limit(model: torch.nn.Module) -> int | None:
-    """The longest sequence a model's positions cover (None when its config does not say)."""
-    config = getattr(model, "config", None)
-    config = getattr(config, "text_config", None) or config
-    limit = getattr(config, "max_position_embeddings", None)
-    return int(limit) if limit else None
-
-
 def check_fits(prompt_id: str, n_prompt: int, max_new_tokens: int, k_max: int, limits: dict[str, int | None]) -> None:
     """The prompt, the new tokens and one iteration's proposals must fit every model's context."""
     need = n_prompt + max_new_tokens + k_max + 1
