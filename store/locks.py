@@ -15,7 +15,7 @@ from typing import ContextManager
 
 from store.layout import campaign_dir
 
-LOCKS = ".locks"  # under a campaign's folder; not a stage folder, so never an analysis input
+LOCKS = ".locks"  # under the outputs folder, beside the campaigns: a published campaign's folder is never written
 
 
 def holder_line() -> str:
@@ -48,7 +48,8 @@ def file_lock(path: str | Path, on_wait: Callable[[str], None] | None = None) ->
 
 def job_lock_path(outputs_dir: str | Path, campaign: str, stage: str, config_hash: str) -> Path:
     """The lock of one job's stage file: one writer per (campaign, stage, config hash)."""
-    return campaign_dir(outputs_dir, campaign) / LOCKS / f"{stage}-{config_hash}.lock"
+    campaign_dir(outputs_dir, campaign)  # the campaign name is checked like everywhere else
+    return Path(outputs_dir) / LOCKS / campaign / f"{stage}-{config_hash}.lock"
 
 
 def tracking_store_lock(uri: str) -> ContextManager[None]:

@@ -47,8 +47,9 @@ NO_COMPUTE = ["mlflow.enabled=false"]
 
 
 def _files(outputs: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file git would see (job locks in ``.locks/`` are git-ignored and hold no result)."""
     return {p.relative_to(outputs).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(outputs.rglob("*")) if p.is_file()}
+            for p in sorted(outputs.rglob("*")) if p.is_file() and p.relative_to(outputs).parts[0] != ".locks"}
 
 
 def _recorded_jobs() -> list[tuple[list[str], dict | None]]:
