@@ -72,9 +72,6 @@ class JobRuns:
         """Runs left RUNNING by dead processes (any job's, any level) become KILLED (once per job)."""
         self.tracker.close_dead_runs()
 
-    def close_stale(self, part: str) -> None:
-        self.close_dead()
-
     def logged(self, part: str) -> bool:
         """Whether the stage's finished run is in MLflow (with tracking off there is nothing to log)."""
         return not self.tracker.enabled or self.tracker.has_finished_run(run_identity(self.cfg, part))

@@ -89,8 +89,7 @@ class Job:
         todo = []
         for part in self.parts:
             path = output_path(self.cfg, part)
-            self.runs.close_stale(part)
-            locked = path.exists() and is_published(path.parents[1]) and not self.cfg.get("overwrite_published")
+            locked = path.exists() and is_published(path.parents[1]) and not self.cfg.overwrite_published
             published = f"it belongs to published campaign {self.cfg.campaign!r}, so it is left alone " \
                         "(overwrite_published=true recomputes it)"
             if self.cfg.force and locked:
