@@ -106,7 +106,10 @@ def process_dead(tags: dict[str, str]) -> bool:
     if tags.get("speclab.host") != platform.node() or not (tags.get("speclab.pid") or "").isdigit():
         return False
     try:
-        started = psutil.Process(int(tags["speclab.pid"])).create_time()
+        process = psutil.Process(int(tags["speclab.pid"]))
+        if process.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped by its (dead) parent
+            return True
+        started = process.create_time()
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:

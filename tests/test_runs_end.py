@@ -183,18 +183,24 @@ def test_only_runs_of_dead_processes_on_this_host_are_closed(tmp_path):
     tracker = tracking.Tracker(uri, "speclab", True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not reaped until the end of the test
+    while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
     me = tracking.process_tags()
     runs = {
         "alive": me,
         "dead": {**me, "speclab.pid": str(dead.pid)},
         "pid_reused": {**me, "speclab.pid_started": "0.0"},
+        "zombie": {**me, "speclab.pid": str(zombie.pid),
+                   "speclab.pid_started": repr(psutil.Process(zombie.pid).create_time())},
         "other_host": {**me, "speclab.host": "elsewhere", "speclab.pid": str(dead.pid)},
         "not_ours": {},
     }
     ids = {name: tracker._call(lambda c, t=tags, n=name: c.create_run(tracker._experiment_id, run_name=n, tags=t)
                                ).info.run_id for name, tags in runs.items()}
-    assert tracker.close_dead_runs() == 2
+    assert tracker.close_dead_runs() == 3
+    zombie.wait()
     client = mlflow.MlflowClient(uri)
     status = {name: client.get_run(rid).info.status for name, rid in ids.items()}
-    assert status == {"alive": "RUNNING", "dead": "KILLED", "pid_reused": "KILLED", "other_host": "RUNNING",
-                      "not_ours": "RUNNING"}
+    assert status == {"alive": "RUNNING", "dead": "KILLED", "pid_reused": "KILLED", "zombie": "KILLED",
+                      "other_host": "RUNNING", "not_ours": "RUNNING"}
