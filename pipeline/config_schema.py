@@ -44,6 +44,7 @@ class PairConf:
     target: str = MISSING
     draft: str = MISSING
     dtype: str = "float32"
+    draft_dtype: str = ""   # a draft model loaded by name: float32, bfloat16, float16 or int8; empty: dtype
 
 
 @dataclass
@@ -302,6 +303,7 @@ CHECKS: dict[str, Check] = {
     "pair.target": (lambda v: bool(str(v).strip()), "a model name, Hugging Face id or local folder"),
     "pair.draft": (lambda v: bool(str(v).strip()), "a draft variant, model name, Hugging Face id or folder"),
     "pair.dtype": _one_of("float32", "bfloat16", "float16"),
+    "pair.draft_dtype": _one_of("", "float32", "bfloat16", "float16", "int8"),
     "prompts.file": (lambda v: bool(str(v).strip()), "a prompt file name or path"),
     "prompts.kinds": (lambda v: isinstance(v, (list, ListConfig)) and len(v) > 0 and all(str(x).strip() for x in v),
                       "a non-empty list of prompt kinds, e.g. [prose,code]"),

