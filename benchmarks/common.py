@@ -7,11 +7,13 @@ from collections.abc import Iterator
 
 
 def add_pair_arguments(ap: argparse.ArgumentParser, device: str = "auto") -> None:
-    """--target, --draft, --device and --dtype, with the embedded default pair (speclab.models.load_pair)."""
+    """--target, --draft, --device, --dtype and --draft-dtype, with the embedded default pair
+    (speclab.models.load_pair)."""
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="int8")
     ap.add_argument("--device", default=device)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--draft-dtype", default="", help="a draft loaded by name: its own dtype (empty: --dtype)")
 
 
 def greedy_continuations(pair, prompts_file: str, max_new_tokens: int) -> Iterator[tuple[object, list[int], list[int]]]:

