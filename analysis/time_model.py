@@ -213,6 +213,8 @@ def validate(timing: pd.DataFrame, acc: pd.DataFrame, speed: pd.DataFrame, job: 
     timing, acc = calibration_job(timing, acc, job, campaign)
     calib = set(timing.prompt_id)
     acc_cal = acc[acc.prompt_id.isin(calib)]
+    if acc_cal.empty:
+        raise AnalysisError(f"campaign {campaign!r} has no acceptance runs on the calibration prompts {sorted(calib)}")
     try:
         model = calibrate(timing, acc_cal)
     except ValueError as err:
@@ -223,8 +225,11 @@ def validate(timing: pd.DataFrame, acc: pd.DataFrame, speed: pd.DataFrame, job: 
     if held.empty:
         raise AnalysisError(f"campaign {campaign!r} has no speed runs on prompts outside the calibration sample "
                             f"{sorted(calib)}: nothing to validate on")
-    points, own = points_table(model, acc_mf[acc_mf.prompt_id.isin(calib)], acc_mf[~acc_mf.prompt_id.isin(calib)],
-                               held, boot)
+    acc_held = acc_mf[~acc_mf.prompt_id.isin(calib)]
+    if acc_held.empty or acc_held.kind.nunique() < held.kind.nunique():
+        raise AnalysisError(f"campaign {campaign!r} has no greedy fixed-k acceptance runs of the draft model on "
+                            "the held-out prompts of every kind: nothing to replay")
+    points, own = points_table(model, acc_mf[acc_mf.prompt_id.isin(calib)], acc_held, held, boot)
     return Validation(model, calib, acc_mf, held, points, own, error_table(points))
 
 
