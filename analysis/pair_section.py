@@ -138,10 +138,11 @@ def calibration_job_for(data: CampaignData, pair: str, params: dict) -> str | No
     return jobs[0] if len(jobs) == 1 else None
 
 
-def time_model_rows(data: CampaignData, pair: str, best: pd.DataFrame, params: dict, boot: dict) -> tuple[pd.DataFrame, str]:
+def time_model_rows(data: CampaignData, pair: str, best: pd.DataFrame, params: dict,
+                    boot: dict) -> tuple[pd.DataFrame, str]:
     """The time model and the i.i.d. formula against the held-out measurement at each kind's best k, with
     each predictor's mean absolute error over every (kind, k); or no rows and why."""
-    t, a, s = (df[df.pair == pair] for df in (data.timing, data.acc, data.speed))
+    t, a, s = (df[df.pair == pair] if not df.empty else df for df in (data.timing, data.acc, data.speed))
     if t.empty or a.empty:
         return pd.DataFrame(), "needs timing and acceptance results"
     job = calibration_job_for(data, pair, params)
@@ -172,10 +173,6 @@ def plan_check_rows(rec: Recommendation | None) -> pd.DataFrame:
         return pd.DataFrame()
     return rec.check[rec.check.kind == "all"][["check", "comparison", "config", "baseline", "blocks", "median_ratio",
                                                "ratio_lo", "ratio_hi", "goal", "met"]].reset_index(drop=True)
-
-
-def _fmt(x: float, spec: str = ".2f") -> str:
-    return "not measured" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def cost_vs_size(row: pd.Series) -> str:
@@ -303,10 +300,12 @@ def markdown(sec: PairSection, data: CampaignData) -> str:
         markdown_table(_alpha_wide(sec.alpha)), ""]
     s.append("### Speed: best k per kind, predicted vs measured\n")
     if sec.best.empty:
-        s.append(f"Speed: {NOT_MEASURED}.\n")
+        s.append(f"Speed: {NOT_MEASURED}.\n" if data.speed.empty else
+                 "Speed: no greedy fixed-k runs of the draft model in this campaign (other arms only).\n")
     else:
+        drifted = f"; {sec.drift_excluded} drifted speed job(s) left out" if sec.drift_excluded else ""
         s += [f"Measured: median speed-up over the adjacent plain run at the k with the highest median, 95% "
-              f"bootstrap interval (`measured_lo`-`measured_hi`){'' if not sec.drift_excluded else f'; {sec.drift_excluded} drifted speed job(s) left out'}. "
+              f"bootstrap interval (`measured_lo`-`measured_hi`){drifted}. "
               "`predicted_iid`: the i.i.d. formula at alpha with the speed jobs' own step times; "
               "`predicted_empirical`: measured tokens per pass plus per-iteration overhead (analysis.fit).\n",
               markdown_table(sec.best), ""]

@@ -182,7 +182,7 @@ def pair_campaign_section(params: dict) -> list[str]:
     campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
     path = Path(params["analysis_dir"]) / campaign / "section.md"
     if not path.is_file():
-        return [f"## Pair campaign {campaign}\n", f"_no section yet: run `python -m analysis.pair_section` "
+        return [f"## Pair campaign {campaign}\n", "_no section yet: run `python -m analysis.pair_section` "
                                                    "(or `dvc repro`)_\n"]
     return [path.read_text().rstrip("\n") + "\n"]
 

@@ -224,11 +224,15 @@ def test_best_k_interval_prediction_and_verdict_by_hand(campaign):
 
 
 def test_partial_and_absent_campaigns_say_not_measured(campaign, tmp_path, monkeypatch):
-    for p in layout.stage_paths(campaign, CAMPAIGN, "speed") + layout.stage_paths(campaign, CAMPAIGN, "acceptance"):
+    for p in layout.stage_paths(campaign, CAMPAIGN, "acceptance"):
+        p.unlink()
+    sec, text = _section(campaign)   # speed without acceptance: measured speed-ups, no alpha to predict from
+    assert "Acceptance: not measured in this campaign." in text and not sec.best.empty
+    assert sec.best.predicted_iid.isna().all() and "Time model: not available" in text
+    for p in layout.stage_paths(campaign, CAMPAIGN, "speed"):
         p.unlink()
     sec, text = _section(campaign)
-    assert not sec.costs.empty
-    assert "Acceptance: not measured in this campaign." in text and "Speed: not measured in this campaign." in text
+    assert not sec.costs.empty and "Speed: not measured in this campaign." in text
     # an absent campaign through the script itself: every output written, the report includes the section
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text(yaml.safe_dump({
