@@ -30,6 +30,17 @@ def with_pooled_kind(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([df, df.assign(kind=ALL)], ignore_index=True)
 
 
+def formula_acceptance(acc: pd.DataFrame) -> pd.DataFrame:
+    """The acceptance rows the cost model is about: a draft model at a fixed k, greedy (other strategies:
+    analysis.strategies)."""
+    return acc[~acc.do_sample & (acc.drafter == "model") & (acc.k_policy == "fixed")]
+
+
+def formula_speed(speed: pd.DataFrame) -> pd.DataFrame:
+    """The speed rows of the same: the draft model at a fixed k, greedy, and the plain runs beside them."""
+    return speed[~speed.do_sample & speed.drafter.isin(["model", "none"]) & speed.k_policy.isin(["fixed", "none"])]
+
+
 def acceptance_table(acc: pd.DataFrame, boot: dict) -> pd.DataFrame:
     """Per pair, kind (and pooled) and k: alpha-hat, tokens per pass measured vs formula vs per-prompt mixture."""
     rows = []
@@ -148,9 +159,7 @@ def main() -> None:
     if acc.empty or speed.empty:
         raise AnalysisError(f"needs acceptance and speed results in campaign {campaign!r}; run "
                             f"`python -m pipeline.run +sweep=all campaign={campaign}`")
-    # The cost model is about a draft model at a fixed k, greedy; other strategies: analysis.strategies.
-    acc = acc[~acc.do_sample & (acc.drafter == "model") & (acc.k_policy == "fixed")]
-    speed = speed[~speed.do_sample & speed.drafter.isin(["model", "none"]) & speed.k_policy.isin(["fixed", "none"])]
+    acc, speed = formula_acceptance(acc), formula_speed(speed)
     drift = read_drift(params, speed)
     if params["drift"]["exclude"]:
         speed = drop_drifted(speed, drift)

@@ -12,6 +12,7 @@ fixed configuration before its runs and is reported beside the exploratory one. 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -207,6 +208,28 @@ def fixed_ranking(speed: pd.DataFrame, plan: pd.DataFrame | None = None) -> pd.D
             .rename(columns={"median": "speedup", "count": "runs"}).sort_values("speedup", ascending=False))
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    """A campaign's latest plan per pair, its check in adjacent runs and the exploratory ranking (both
+    empty without check runs)."""
+
+    plan: pd.DataFrame
+    check: pd.DataFrame
+    ranking: pd.DataFrame
+
+
+def recommendation(outputs_dir: str, campaign: str, boot: dict) -> Recommendation | None:
+    """The latest plan of ``campaign`` and how it fared (None: the campaign holds no plan)."""
+    plan = read_plans(outputs_dir, campaign)
+    if plan.empty:
+        return None
+    plan = latest_plan(plan)
+    speed = read_speed(outputs_dir, campaign)
+    checked = check(speed, boot, plan) if not speed.empty else pd.DataFrame()
+    ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed)), plan) if not checked.empty else pd.DataFrame()
+    return Recommendation(plan, checked, ranking)
+
+
 def show_plan(plan: pd.DataFrame, top: int) -> str:
     lines = []
     for pair, p in plan.groupby("pair"):
@@ -238,14 +261,11 @@ def main() -> None:
     boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
             "level": float(params["bootstrap"]["level"])}
     campaign = args.campaign or latest_campaign(params["outputs_dir"])
-    plan = read_plans(params["outputs_dir"], campaign)
-    if plan.empty:
+    rec = recommendation(params["outputs_dir"], campaign, boot)
+    if rec is None:
         raise AnalysisError(f"campaign {campaign!r} holds no plan: run `python -m pipeline.run +sweep=plan "
                             f"campaign={campaign}`")
-    plan = latest_plan(plan)
-    speed = read_speed(params["outputs_dir"], campaign)
-    checked = check(speed, boot, plan) if not speed.empty else pd.DataFrame()
-    ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed)), plan) if not checked.empty else pd.DataFrame()
+    plan, checked, ranking = rec.plan, rec.check, rec.ranking
     print(f"campaign {campaign}")
     print(show_plan(plan, args.top))
     if not checked.empty:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import load_params, markdown_table, published_campaign, read_table, run_script
-from analysis.inputs import AnalysisError
+from analysis.inputs import AnalysisError, campaign_dir
 from store.files import atomic_write_text
 
 
@@ -169,8 +169,22 @@ def build_report(params: dict) -> str:
               markdown_table(rates, ".3g"), "",
               "<details><summary>every test</summary>\n\n", markdown_table(tests, ".3g"), "</details>\n"]
     s += batch_section(t["batch_costs"], t["batch_speedups"], t["batch_model_error"], figs, report)
+    s += pair_campaign_section(params)
     s += jobs_section(jobs, campaign)
     return "\n".join(s)
+
+
+def pair_campaign_section(params: dict) -> list[str]:
+    """The second campaign's section (issue 21), as analysis.pair_section wrote it; none without pair_campaign."""
+    campaign = params.get("pair_campaign")
+    if not campaign:
+        return []
+    campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
+    path = Path(params["analysis_dir"]) / campaign / "section.md"
+    if not path.is_file():
+        return [f"## Pair campaign {campaign}\n", "_no section yet: run `python -m analysis.pair_section` "
+                                                   "(or `dvc repro`)_\n"]
+    return [path.read_text().rstrip("\n") + "\n"]
 
 
 def time_model_section(t: dict[str, pd.DataFrame], figs: Path, report: Path) -> list[str]:

@@ -14,6 +14,7 @@ speed stage. Two predictions are made for each held-out (kind, k):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,46 @@ def calibration_job(timing: pd.DataFrame, acc: pd.DataFrame, job: str | None, ca
     return timing[timing.config_hash == job], acc[~acc.config_hash.isin(set(jobs) - {job})]
 
 
+@dataclass(frozen=True)
+class Validation:
+    """A time model calibrated on one job's prompts and its predictions for the held-out speed runs."""
+
+    model: TimeModel
+    calibration_prompts: set[str]
+    acc: pd.DataFrame      # acceptance rows of the draft model at fixed k, greedy (calibration job's and held-out)
+    held: pd.DataFrame     # speculative speed runs (draft model, fixed k, greedy) on held-out prompts
+    points: pd.DataFrame   # points_table: measured and every predictor per (kind, k)
+    own: pd.DataFrame      # per-run predictions replaying each held-out prompt's own acceptance run
+    errors: pd.DataFrame   # error_table of points
+
+
+def validate(timing: pd.DataFrame, acc: pd.DataFrame, speed: pd.DataFrame, job: str | None, campaign: str,
+             boot: dict) -> Validation:
+    """Calibrate on the timing job ``job`` (``calibration_job``) and predict the speed runs on the other prompts;
+    one pair's rows. AnalysisError when the rows cannot calibrate a model or hold no held-out run."""
+    timing, acc = calibration_job(timing, acc, job, campaign)
+    calib = set(timing.prompt_id)
+    acc_cal = acc[acc.prompt_id.isin(calib)]
+    if acc_cal.empty:
+        raise AnalysisError(f"campaign {campaign!r} has no acceptance runs on the calibration prompts {sorted(calib)}")
+    try:
+        model = calibrate(timing, acc_cal)
+    except ValueError as err:
+        raise AnalysisError(f"campaign {campaign!r}: {err}") from None
+    acc_mf = model_fixed(acc)
+    held = model_fixed(speed[speed.arm == "speculative"])
+    held = held[~held.prompt_id.isin(calib)]
+    if held.empty:
+        raise AnalysisError(f"campaign {campaign!r} has no speed runs on prompts outside the calibration sample "
+                            f"{sorted(calib)}: nothing to validate on")
+    acc_held = acc_mf[~acc_mf.prompt_id.isin(calib)]
+    if acc_held.empty or acc_held.kind.nunique() < held.kind.nunique():
+        raise AnalysisError(f"campaign {campaign!r} has no greedy fixed-k acceptance runs of the draft model on "
+                            "the held-out prompts of every kind: nothing to replay")
+    points, own = points_table(model, acc_mf[acc_mf.prompt_id.isin(calib)], acc_held, held, boot)
+    return Validation(model, calib, acc_mf, held, points, own, error_table(points))
+
+
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
@@ -203,22 +244,9 @@ def main() -> None:
         raise AnalysisError(f"needs timing, acceptance and speed results in campaign {campaign!r}: run "
                             f"`python -m pipeline.run +sweep=plan campaign={campaign}`, the held-out acceptance "
                             f"and `+sweep=check_plan` (README: Predicting the speed-up)")
-    timing, acc = calibration_job(timing, acc, params["time_model"].get("calibration_job"), campaign)
-    calib = set(timing.prompt_id)
-    acc_cal = acc[acc.prompt_id.isin(calib)]
-    try:
-        model = calibrate(timing, acc_cal)
-    except ValueError as err:
-        raise AnalysisError(f"campaign {campaign!r}: {err}") from None
-    acc_mf = model_fixed(acc)
-    held = model_fixed(speed[speed.arm == "speculative"])
-    held = held[~held.prompt_id.isin(calib)]
-    if held.empty:
-        raise AnalysisError(f"campaign {campaign!r} has no speed runs on prompts outside the calibration sample "
-                            f"{sorted(calib)}: nothing to validate on")
-    points, own = points_table(model, acc_mf[acc_mf.prompt_id.isin(calib)], acc_mf[~acc_mf.prompt_id.isin(calib)],
-                               held, boot)
-    errors = error_table(points)
+    v = validate(timing, acc, speed, params["time_model"].get("calibration_job"), campaign, boot)
+    model, calib, acc_mf, held, points, own, errors = (v.model, v.calibration_prompts, v.acc, v.held, v.points, v.own,
+                                                      v.errors)
     dec = decomposition(own, held)
     ex4 = exercise4(model, acc_mf, model_fixed(speed[speed.arm == "speculative"]))
     calibration = pd.DataFrame([{

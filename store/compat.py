@@ -33,12 +33,14 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #     acceptance's per-iteration context and timings (prompt_len ... wall_s: 6 of the 9 `reference` acceptance
 #     files), speed's block step times (16 `reference` and 2 `timemodel` files, written before
 #     stage.block_timing_repeats), a plan's worst_ratio and chosen_by (one plan each of `timemodel` and
-#     `timemodel2`, written before the robust choice). The readers test these for NaN.
+#     `timemodel2`, written before the robust choice), timing's model sizes (target_/draft_ params, bytes,
+#     layers: every timing file before issue 21). The readers test these for NaN.
 NOT_MEASURED = None
 LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
                  **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
-                                  "block_draft_step_s", "worst_ratio", "chosen_by"], NOT_MEASURED)}
+                                  "block_draft_step_s", "worst_ratio", "chosen_by", "target_params", "target_bytes",
+                                  "target_layers", "draft_params", "draft_bytes", "draft_layers"], NOT_MEASURED)}
 
 
 def hash_neutral(key: str, value: object, stage: str) -> bool:

@@ -1,5 +1,7 @@
 """Stage timing: target and draft pass times over 1..9 new tokens after the prompt (and after longer
-contexts: ``context_extra``), and optionally both models' prefill times (rows with context_len 0)."""
+contexts: ``context_extra``), and optionally both models' prefill times (rows with context_len 0).
+Every row also carries both models' sizes (parameters, weight bytes as held in memory, decoder layers), so
+a cost ratio can be set beside the size ratios."""
 from __future__ import annotations
 
 import pandas as pd
@@ -10,13 +12,27 @@ from store.records import make_schema
 from pipeline.stages import StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns, run_name
 from pipeline.stages.options import unused_note
+from speclab.model_size import model_size
 from speclab.step_costs import pass_times, prefill_times
+
+# Added after results were stored: older files read them as not measured (store.compat.LATER_COLUMNS).
+SIZE_FIELDS = [(f"{role}_{what}", kind) for role in ("target", "draft")
+               for what, kind in (("params", "int64"), ("bytes", "int64"), ("layers", "int32"))]
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("context_len", "int32"), ("model", "string"),
     ("pass_len", "int32"), ("median_s", "float64"), ("q25_s", "float64"), ("q75_s", "float64"),
     ("samples", "int32"),
-] + MEMORY_FIELDS)
+] + MEMORY_FIELDS + SIZE_FIELDS)
+
+
+def size_columns(target, draft) -> dict:
+    """Both models' parameter count, weight bytes and decoder layers, as the row columns of SIZE_FIELDS."""
+    out = {}
+    for role, model in (("target", target), ("draft", draft)):
+        size = model_size(model)
+        out.update({f"{role}_params": size.params, f"{role}_bytes": size.bytes, f"{role}_layers": size.layers})
+    return out
 
 
 def run(ctx: StageContext) -> StageOutput:
@@ -24,6 +40,7 @@ def run(ctx: StageContext) -> StageOutput:
     lengths = [int(n) for n in st.pass_lengths]
     rows = []
     extras = [int(e) for e in st.context_extra]
+    sizes = size_columns(ctx.pair.target, ctx.pair.draft)
     for prompt in ctx.prompts[: int(st.prompts_to_time)]:
         ids = ctx.inputs[prompt.id]
         n = ids.shape[1]
@@ -39,7 +56,7 @@ def run(ctx: StageContext) -> StageOutput:
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind,
                              "context_len": context_len, "model": role, "pass_len": t.pass_len,
                              "median_s": t.median_s, "q25_s": t.q25_s, "q75_s": t.q75_s,
-                             "samples": t.samples, **mem})
+                             "samples": t.samples, **mem, **sizes})
     df = pd.DataFrame(rows)
     return summarize(df, ctx.cfg)
 
