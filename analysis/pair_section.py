@@ -23,14 +23,16 @@ import pandas as pd
 from analysis.breakeven import c_verify_for, cost_ratios
 from analysis.common import load_params, markdown_table, read_stage, run_script, save_csv, save_json
 from analysis.drift import drift_table, drop_drifted
-from analysis.fit import acceptance_table, formula_acceptance, formula_speed, speed_points
+from analysis.fit import acceptance_table, alpha_hat, formula_acceptance, formula_speed, speed_points
 from analysis.inputs import AnalysisError, campaign_dir
 from analysis.recommend import Recommendation, recommendation
 from analysis.time_model import PREDICTORS, validate
+from speclab.time_model import iid_speedup
 from store import layout
 from store.files import atomic_write_text
 
 STAGES = ("timing", "acceptance", "speed")
+COMPARE_K = 4   # the drafts are compared by alpha at this k, on the prompts every pair was run on
 VERIFY_KS = (1, 2, 4, 8)   # c_verify(k) reported at these k: a pass over k + 1 tokens over a 1-token step
 SIZE_COLUMNS = [f"{role}_{what}" for role in ("target", "draft") for what in ("params", "bytes", "layers")]
 NOT_MEASURED = "not measured in this campaign"
@@ -61,6 +63,7 @@ class PairSection:
     best: pd.DataFrame
     time_model: pd.DataFrame
     plan_check: pd.DataFrame
+    drafts: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: dict[str, str] = field(default_factory=dict)   # why a part is missing, per part
     verdict: list[str] = field(default_factory=list)
     drift_excluded: int = 0
@@ -113,6 +116,34 @@ def alpha_long(acc: pd.DataFrame, boot: dict) -> pd.DataFrame:
     if acc.empty:
         return pd.DataFrame()
     return acceptance_table(acc, boot)[["pair", "kind", "k", "iterations", "alpha", "tokens_per_pass"]]
+
+
+def drafts_table(costs: pd.DataFrame, acc: pd.DataFrame, k: int = COMPARE_K) -> pd.DataFrame:
+    """The drafts side by side on equal terms: per pair, c_draft, the size ratios and alpha at ``k`` on the
+    prompts every pair has a greedy fixed-k acceptance run for at that k, and the i.i.d. formula's speed-up
+    at each k of ``VERIFY_KS`` from those (its best k and value). Empty when fewer than two pairs qualify."""
+    acc = formula_acceptance(acc) if not acc.empty else acc
+    if acc.empty or costs.empty:
+        return pd.DataFrame()
+    at_k = acc[(acc.k == k) & acc.pair.isin(costs.pair)]
+    per_pair = at_k.groupby("pair").prompt_id.apply(set)
+    if len(per_pair) < 2:
+        return pd.DataFrame()
+    common = set.intersection(*per_pair)
+    if not common:
+        return pd.DataFrame()
+    rows = []
+    for c in costs[costs.pair.isin(per_pair.index)].itertuples():
+        # One job per prompt (deterministically, the greatest config hash): a prompt run by two jobs of one
+        # pair would otherwise count twice.
+        g = at_k[(at_k.pair == c.pair) & at_k.prompt_id.isin(common)]
+        g = g[g.config_hash == g.groupby("prompt_id").config_hash.transform("max")]
+        alpha = alpha_hat(g)
+        pred = {kk: iid_speedup(alpha, kk, c.c_draft, getattr(c, f"c_verify_k{kk}")) for kk in VERIFY_KS}
+        best = max(pred, key=pred.get)
+        rows.append({"pair": c.pair, "c_draft": c.c_draft, "bytes_ratio": c.bytes_ratio, "layer_ratio": c.layer_ratio,
+                     f"alpha_k{k}": alpha, "prompts": len(common), "iid_best_k": best, "iid_best_speedup": pred[best]})
+    return pd.DataFrame(rows).sort_values("iid_best_speedup", ascending=False, ignore_index=True)
 
 
 def best_k(points: pd.DataFrame) -> pd.DataFrame:
@@ -239,6 +270,7 @@ def build(data: CampaignData, params: dict, boot: dict) -> PairSection:
         sec.costs = costs_table(data.timing)
     if not data.acc.empty:
         sec.alpha = alpha_long(data.acc, boot)
+        sec.drafts = drafts_table(sec.costs, data.acc)
     acc_rows = formula_acceptance(data.acc) if not data.acc.empty else data.acc
     speed = formula_speed(data.speed) if not data.speed.empty else data.speed
     if not speed.empty and params["drift"]["exclude"]:
@@ -298,6 +330,11 @@ def markdown(sec: PairSection, data: CampaignData) -> str:
     s += [f"Acceptance: {NOT_MEASURED}.\n"] if sec.alpha.empty else [
         "alpha = accepted / checked proposals at each k of the acceptance stage (`all`: kinds pooled).\n",
         markdown_table(_alpha_wide(sec.alpha)), ""]
+    if not sec.drafts.empty:
+        s += [f"Drafts compared on equal terms: alpha at k = {COMPARE_K} on the {int(sec.drafts.prompts.iloc[0])} "
+              "prompts every pair was run on, and the i.i.d. formula's best k (of "
+              f"{', '.join(map(str, VERIFY_KS))}) and speed-up from that alpha, c_draft and c_verify(k); "
+              "fastest first.\n", markdown_table(sec.drafts.drop(columns="prompts")), ""]
     s.append("### Speed: best k per kind, predicted vs measured\n")
     if sec.best.empty:
         s.append(f"Speed: {NOT_MEASURED}.\n" if data.speed.empty else
@@ -368,7 +405,7 @@ def main() -> None:
     text = markdown(sec, data)
     out = Path(params["analysis_dir"]) / campaign
     # Everything is computed; only now are outputs replaced (each atomically).
-    for name, df in (("costs", sec.costs), ("alpha", sec.alpha), ("best_k", sec.best),
+    for name, df in (("costs", sec.costs), ("alpha", sec.alpha), ("drafts", sec.drafts), ("best_k", sec.best),
                      ("time_model", sec.time_model), ("plan_check", sec.plan_check)):
         save_csv(df, out / f"{name}.csv")
     save_json(summary(sec), out / "summary.json")

@@ -266,3 +266,22 @@ def test_time_model_and_plan_check_are_the_published_analysis_for_timemodel2():
                                                                    nan_ok=True)
     planner = text.split("### The planner's check")[1].split("### Verdict")[0]
     assert "not measured" not in planner and "| confirmatory | recommended vs best fixed" in planner
+
+
+def test_drafts_compared_on_the_prompts_every_pair_has(campaign):
+    """Main also ran a prompt the side pair did not (every proposal accepted): it must not lift main's alpha."""
+    extra = [_row(acceptance.SCHEMA, **IDENT["main"], prompt_id="extra0", kind="code", k=4, drafter="model",
+                  k_policy="fixed", top_p=1.0, iteration=i, proposed=4, accepted=4, bonus=True, new_tokens=5)
+             for i in range(6)]
+    _write(campaign, "acceptance", acceptance, "main", extra, "zextra")
+    sec, text = _section(campaign)
+    d = sec.drafts.set_index("pair")
+    alpha = _alpha(ACCEPTED[("code", 4)] + ACCEPTED[("prose", 4)], 4)
+    assert d.alpha_k4["main"] == pytest.approx(alpha) and d.alpha_k4["side"] == pytest.approx(alpha)
+    assert list(sec.drafts.pair) == ["main", "side"]   # fastest first: main's draft is cheaper (0.4 vs 0.7)
+    from speclab.time_model import iid_speedup
+    for pair, c_draft in (("main", 0.4), ("side", 0.7)):
+        pred = {k: iid_speedup(alpha, k, c_draft, 1 + 0.05 * k) for k in ps.VERIFY_KS}
+        assert d.iid_best_k[pair] == max(pred, key=pred.get)
+        assert d.iid_best_speedup[pair] == pytest.approx(max(pred.values()))
+    assert "Drafts compared on equal terms: alpha at k = 4 on the 2 prompts" in text
