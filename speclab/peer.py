@@ -36,13 +36,15 @@ def hf_generate(target: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens
     if mode == "lookup":
         gc.update(prompt_lookup_num_tokens=k)
     elif assistant is not None:
-        if mode == "matched":
-            gc.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
-                      assistant_confidence_threshold=0.0)
         kwargs["assistant_model"] = assistant
     # The library adapts its schedule and threshold on the assistant's own generation config during a
     # call, and that state would carry into the next call: every call starts from the same settings.
     saved = copy.deepcopy(assistant.generation_config) if assistant is not None else None
+    if assistant is not None and mode == "matched":
+        # The candidate generator reads k, its schedule and the confidence threshold from the assistant's
+        # generation config, not from the one passed to generate(): set them there.
+        assistant.generation_config.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                                           assistant_confidence_threshold=0.0)
     try:
         synchronize(input_ids.device)
         t0 = time.perf_counter()
