@@ -179,7 +179,8 @@ def exercise4(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.Da
 
 def calibration_job(timing: pd.DataFrame, acc: pd.DataFrame, job: str | None, campaign: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The timing rows of the one plan job the model is calibrated on, and the acceptance rows without
-    the other plan jobs' (a campaign whose plan was remade holds the same calibration runs twice).
+    the other timing jobs' runs on its prompts (a campaign whose plan was remade holds the same calibration
+    runs twice); their runs on other prompts stay, to be replayed for the held-out speed runs.
     ``job``: that job's config hash (``params.yaml: time_model.calibration_job``), needed only when the
     campaign holds several."""
     jobs = sorted(set(timing.config_hash))
@@ -190,7 +191,9 @@ def calibration_job(timing: pd.DataFrame, acc: pd.DataFrame, job: str | None, ca
     if job not in jobs:
         raise AnalysisError(f"time_model.calibration_job={job!r} is not a timing job of campaign {campaign!r}: "
                             f"use one of {jobs}")
-    return timing[timing.config_hash == job], acc[~acc.config_hash.isin(set(jobs) - {job})]
+    timing = timing[timing.config_hash == job]
+    duplicate = acc.config_hash.isin(set(jobs) - {job}) & acc.prompt_id.isin(set(timing.prompt_id))
+    return timing, acc[~duplicate]
 
 
 @dataclass(frozen=True)

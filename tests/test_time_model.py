@@ -173,5 +173,10 @@ def test_time_model_analysis_calibrates_on_one_named_plan_job():
         calibration_job(timing, acc, "z", "c")
     t, a = calibration_job(timing, acc, "b", "c")
     assert set(t.config_hash) == {"b"} and set(a.config_hash) == {"b", "held"}  # the other plan's runs left out
+    # Another timing job's runs on prompts outside the calibration (a stage-all job on every prompt) stay:
+    # they are the held-out prompts' acceptance runs to replay.
+    both = pd.concat([acc, _acc_rows("a", "p7")])
+    t, a = calibration_job(timing, both, "b", "c")
+    assert set(zip(a.config_hash, a.prompt_id)) == {("b", "p0"), ("held", "p9"), ("a", "p7")}
     t, a = calibration_job(timing[timing.config_hash == "a"], acc, None, "c")
     assert set(t.config_hash) == {"a"}
