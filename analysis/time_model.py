@@ -42,6 +42,14 @@ def model_fixed(df: pd.DataFrame) -> pd.DataFrame:
     return df[~df.do_sample & (df.drafter == "model") & (df.k_policy == "fixed")]
 
 
+def one_job_per_run(acc: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one job for each run (prompt, drafter, policy, k): a prompt measured by several jobs at the
+    same settings (a stage-all job and a draft comparison, say) is replayed once, from the same job each time
+    (the smallest config hash)."""
+    keys = ["prompt_id", "kind", "drafter", "k_policy", "k"]
+    return acc[acc.config_hash == acc.groupby(keys).config_hash.transform("min")]
+
+
 def with_all(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([df, df.assign(kind=ALL)], ignore_index=True)
 
@@ -222,7 +230,7 @@ def validate(timing: pd.DataFrame, acc: pd.DataFrame, speed: pd.DataFrame, job: 
         model = calibrate(timing, acc_cal)
     except ValueError as err:
         raise AnalysisError(f"campaign {campaign!r}: {err}") from None
-    acc_mf = model_fixed(acc)
+    acc_mf = one_job_per_run(model_fixed(acc))
     held = model_fixed(speed[speed.arm == "speculative"])
     held = held[~held.prompt_id.isin(calib)]
     if held.empty:

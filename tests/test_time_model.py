@@ -180,3 +180,14 @@ def test_time_model_analysis_calibrates_on_one_named_plan_job():
     assert set(zip(a.config_hash, a.prompt_id)) == {("b", "p0"), ("held", "p9"), ("a", "p7")}
     t, a = calibration_job(timing[timing.config_hash == "a"], acc, None, "c")
     assert set(t.config_hash) == {"a"}
+
+
+def test_a_run_measured_by_two_jobs_is_replayed_once():
+    import pandas as pd
+
+    from analysis.time_model import one_job_per_run
+
+    acc = pd.concat([_acc_rows("b", "p7"), _acc_rows("a", "p7"), _acc_rows("b", "p8")])
+    kept = one_job_per_run(acc)
+    assert sorted(set(zip(kept.config_hash, kept.prompt_id))) == [("a", "p7"), ("b", "p8")]
+    assert len(kept) == 6   # three iterations each: nothing of a kept job is lost
