@@ -158,7 +158,9 @@ def best_k(points: pd.DataFrame) -> pd.DataFrame:
 
 def calibration_job_for(data: CampaignData, pair: str, params: dict) -> str | None:
     """The timing job the time model is calibrated on: the published time model's own when this is its
-    campaign, else the pair's latest plan (its timing part), else the pair's only timing job."""
+    campaign, else the pair's latest plan (its timing part: every sample prompt timed at two contexts and
+    prefilled, beside the plan's acceptance runs). None without a plan: a timing job made for cost ratios
+    (one prompt, after the prompt only) does not calibrate a model worth judging."""
     jobs = sorted(set(data.timing[data.timing.pair == pair].config_hash))
     if data.campaign == params.get("time_model", {}).get("campaign"):
         return params["time_model"].get("calibration_job")
@@ -166,7 +168,7 @@ def calibration_job_for(data: CampaignData, pair: str, params: dict) -> str | No
         plan = data.rec.plan[data.rec.plan.pair == pair]
         if len(plan) and plan.config_hash.iloc[0] in jobs:
             return str(plan.config_hash.iloc[0])
-    return jobs[0] if len(jobs) == 1 else None
+    return None
 
 
 def time_model_rows(data: CampaignData, pair: str, best: pd.DataFrame, params: dict,
@@ -177,8 +179,8 @@ def time_model_rows(data: CampaignData, pair: str, best: pd.DataFrame, params: d
     if t.empty or a.empty:
         return pd.DataFrame(), "needs timing and acceptance results"
     job = calibration_job_for(data, pair, params)
-    if job is None and t.config_hash.nunique() > 1:
-        return pd.DataFrame(), f"{t.config_hash.nunique()} timing jobs and no plan to say which calibrates it"
+    if job is None:
+        return pd.DataFrame(), "no plan of this pair in the campaign to calibrate it (+sweep=plan)"
     try:
         v = validate(t, a, s, job, data.campaign, boot)
     except AnalysisError as err:  # too little data for a model: said in the section, not a failed stage
