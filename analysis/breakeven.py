@@ -110,15 +110,19 @@ def map_figure(costs: pd.DataFrame, points: pd.DataFrame, pairs: list[str], alph
     return fig
 
 
+def after_prompt(timing: pd.DataFrame) -> pd.DataFrame:
+    """Passes right after each prompt only: prefills (context 0) and the longer contexts are the time model's."""
+    passes = timing[timing.context_len > 0]
+    return passes[passes.context_len == passes.groupby(["pair", "prompt_id"]).context_len.transform("min")]
+
+
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
     campaign = published_campaign(params)
     timing = read_stage(params["outputs_dir"], "timing", campaign)
     if not timing.empty:
-        # Passes right after each prompt only: prefills (context 0) and longer contexts are the time model's.
-        passes = timing[timing.context_len > 0]
-        timing = passes[passes.context_len == passes.groupby("prompt_id").context_len.transform("min")]
+        timing = after_prompt(timing)
     if timing.empty:
         raise AnalysisError(f"no timing results in campaign {campaign!r}; run "
                             f"`python -m pipeline.run +sweep=timing campaign={campaign}`")

@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.breakeven import c_verify_for, cost_ratios
+from analysis.breakeven import after_prompt, c_verify_for, cost_ratios
 from analysis.common import load_params, markdown_table, read_stage, run_script, save_csv, save_json
 from analysis.drift import drift_table, drop_drifted
 from analysis.fit import acceptance_table, alpha_hat, formula_acceptance, formula_speed, speed_points
 from analysis.inputs import AnalysisError, campaign_dir
 from analysis.recommend import Recommendation, recommendation
-from analysis.time_model import PREDICTORS, validate
+from analysis.time_model import PREDICTORS, one_job_per_run, validate
 from speclab.time_model import iid_speedup
 from store import layout
 from store.files import atomic_write_text
@@ -79,13 +79,6 @@ def read_campaign(outputs_dir: str | Path, campaign: str, boot: dict) -> Campaig
     return CampaignData(campaign, frames["timing"], frames["acceptance"], frames["speed"], files, rec)
 
 
-def after_prompt(timing: pd.DataFrame) -> pd.DataFrame:
-    """Passes right after each prompt (as analysis.breakeven): prefills (context 0) and the longer contexts
-    are the time model's."""
-    passes = timing[timing.context_len > 0]
-    return passes[passes.context_len == passes.groupby(["pair", "prompt_id"]).context_len.transform("min")]
-
-
 def sizes(timing: pd.DataFrame) -> pd.DataFrame:
     """Per pair: both models' sizes as recorded (NaN where every timing file predates the columns)."""
     t = timing.assign(**{c: timing[c] if c in timing else np.nan for c in SIZE_COLUMNS})
@@ -134,10 +127,8 @@ def drafts_table(costs: pd.DataFrame, acc: pd.DataFrame, k: int = COMPARE_K) -> 
         return pd.DataFrame()
     rows = []
     for c in costs[costs.pair.isin(per_pair.index)].itertuples():
-        # One job per prompt (deterministically, the greatest config hash): a prompt run by two jobs of one
-        # pair would otherwise count twice.
-        g = at_k[(at_k.pair == c.pair) & at_k.prompt_id.isin(common)]
-        g = g[g.config_hash == g.groupby("prompt_id").config_hash.transform("max")]
+        # A prompt run by two jobs of one pair would otherwise count twice.
+        g = one_job_per_run(at_k[(at_k.pair == c.pair) & at_k.prompt_id.isin(common)])
         alpha = alpha_hat(g)
         pred = {kk: iid_speedup(alpha, kk, c.c_draft, getattr(c, f"c_verify_k{kk}")) for kk in VERIFY_KS}
         best = max(pred, key=pred.get)

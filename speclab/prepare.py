@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from speclab.model_size import model_size  # noqa: E402
 from speclab.models import PACKAGED_GGUF, PARTED_GGUF, _cache_folder, load_model  # noqa: E402
 
 
@@ -24,8 +25,8 @@ def prepare(name: str) -> str:
     model, _ = load_model(name, torch.device("cpu"), torch.float32)
     folder = _cache_folder(name)
     size = sum(f.stat().st_size for f in folder.iterdir())
-    params = sum(p.numel() for p in model.parameters())
-    return (f"{name}: {params / 1e6:,.0f}M parameters, {model.config.num_hidden_layers} layers, cache {folder} "
+    size_in_memory = model_size(model)
+    return (f"{name}: {size_in_memory.params / 1e6:,.0f}M parameters, {size_in_memory.layers} layers, cache {folder} "
             f"({size / 2**30:.2f} GiB), ready in {time.perf_counter() - start:.0f} s")
 
 
