@@ -78,7 +78,12 @@ def _wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 180
 
 
 def _running(db: Path, level: str, n: int = 1):
-    return lambda: db.exists() and len(_pids(db, level)) >= n
+    def ready() -> bool:
+        try:
+            return db.exists() and len(_pids(db, level)) >= n
+        except sqlite3.OperationalError:  # the file exists, its tables are still being created
+            return False
+    return ready
 
 
 def _kill(proc: subprocess.Popen) -> None:
