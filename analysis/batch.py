@@ -116,6 +116,10 @@ def _prefilled(target: BatchPassModel, draft: BatchPassModel, cal: pd.DataFrame)
     the draft's from the speculative runs less the target's part."""
     plain, spec = cal[cal.arm == "plain"], cal[cal.arm == "speculative"]
     ta, tb = fit_prefill((plain.batch_size * plain.context_len).to_numpy(), plain.prefill_s.to_numpy())
+    if "merged_prefill" in spec:  # a merged prefill runs inside the first iteration: no prefill apart to fit
+        spec = spec[~spec.merged_prefill.fillna(False).astype(bool)]
+    if spec.empty:
+        return BatchTimeModel(target.with_prefill(ta, tb), draft)
     tokens = (spec.batch_size * (spec.context_len - 1)).to_numpy()
     da, db = fit_prefill(tokens, spec.prefill_s.to_numpy() - np.maximum(ta + tb * tokens, 0.0))
     return BatchTimeModel(target.with_prefill(ta, tb), draft.with_prefill(da, db))

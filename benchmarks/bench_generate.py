@@ -1,8 +1,10 @@
 """Our loops against transformers' own: generate() and generate(assistant_model=...).
 
-Four arms per (round, prompt), run back to back in an order that rotates from block to
-block: our plain greedy, HF generate(), our speculative loop, HF assisted generation
-(constant schedule, same k, confidence threshold off). Every ratio compares two runs of
+Five arms per (round, prompt), run back to back in an order that rotates from block to
+block: our plain greedy, HF generate(), our speculative loop (the prompt merged into the first
+draft call and verification pass, as HF does), the same loop prefilling the prompt apart first
+(``merge_prefill=False``: one pass more for each model), HF assisted generation (constant
+schedule, same k, confidence threshold off). Every ratio compares two runs of
 the same block, never runs taken at different times. Writes one row per run to
 outputs/benchmarks/generate_comparison.parquet and prints medians of the ratios.
 
@@ -27,7 +29,7 @@ from speclab.loop import plain_greedy, speculative_generate  # noqa: E402
 from speclab.models import load_pair  # noqa: E402
 from speclab.peer import hf_generate  # noqa: E402
 
-ARMS = ("ours_plain", "hf_generate", "ours_speculative", "hf_assisted")
+ARMS = ("ours_plain", "hf_generate", "ours_speculative", "ours_speculative_apart", "hf_assisted")
 SCHEMA = pa.schema([
     ("round", pa.int32()), ("prompt_id", pa.string()), ("kind", pa.string()), ("arm", pa.string()),
     ("position", pa.int32()), ("k", pa.int32()), ("new_tokens", pa.int32()), ("wall_s", pa.float64()),
@@ -40,8 +42,8 @@ def run_arm(arm: str, pair, ids: torch.Tensor, n_new: int, k: int) -> tuple[list
     if arm == "ours_plain":
         r = plain_greedy(pair.target, ids, n_new)
         return r.tokens, r.wall_s
-    if arm == "ours_speculative":
-        r = speculative_generate(pair.target, pair.draft, ids, n_new, k=k)
+    if arm in ("ours_speculative", "ours_speculative_apart"):
+        r = speculative_generate(pair.target, pair.draft, ids, n_new, k=k, merge_prefill=arm == "ours_speculative")
         return r.tokens, r.wall_s
     return hf_generate(pair.target, ids, n_new, assistant=pair.draft if arm == "hf_assisted" else None, k=k)
 
@@ -89,12 +91,14 @@ def main() -> None:
         "ours_speculative / ours_plain": wide.ours_speculative / wide.ours_plain,
         "hf_assisted / hf_generate": wide.hf_assisted / wide.hf_generate,
         "ours_speculative / hf_assisted": wide.ours_speculative / wide.hf_assisted,
+        "ours_speculative_apart / hf_assisted": wide.ours_speculative_apart / wide.hf_assisted,
+        "ours_speculative / ours_speculative_apart": wide.ours_speculative / wide.ours_speculative_apart,
     }
     print(f"\nmedians over {len(wide)} blocks (each ratio within one block of adjacent runs), k={args.k}:")
     for name, r in ratios.items():
         by_kind = ", ".join(f"{kind} {r[wide.kind == kind].median():.2f}" for kind in sorted(wide.kind.unique()))
         lo, hi = bootstrap_ci(r.to_numpy())
-        print(f"  {name:32s} {r.median():.3f}  [95% CI {lo:.3f}, {hi:.3f}; q25 {r.quantile(0.25):.3f}, "
+        print(f"  {name:40s} {r.median():.3f}  [95% CI {lo:.3f}, {hi:.3f}; q25 {r.quantile(0.25):.3f}, "
               f"q75 {r.quantile(0.75):.3f}]  ({by_kind})")
     print("median tokens/s: " + ", ".join(f"{a} {df[df.arm == a].tokens_per_s.median():.1f}" for a in ARMS))
     same = df[df.arm != "ours_plain"].groupby("arm").identical_to_ours_plain.mean()

@@ -207,6 +207,7 @@ class SpeclabConf:
     seed: int = 0
     k: int = 4
     max_new_tokens: int = 48
+    merge_prefill: bool = True
     round: int = 0
     rotation: int = 0
     threads: int = 0

@@ -49,7 +49,8 @@ def traces(acc: pd.DataFrame) -> list[tuple[tuple, Trace, pd.DataFrame]]:
         out.append((key, Trace(
             prompt_len=int(g.prompt_len.iloc[0]), proposed=g.proposed.to_numpy(), new_tokens=g.new_tokens.to_numpy(),
             length=g.length.to_numpy(), draft_fed=g.draft_fed.to_numpy(), draft_calls=g.draft_calls.to_numpy(),
-            uses_model=drafter in ("model", "hybrid"), uses_lookup=drafter in ("prompt_lookup", "hybrid")), g))
+            uses_model=drafter in ("model", "hybrid"), uses_lookup=drafter in ("prompt_lookup", "hybrid"),
+            merged="with_prompt" in g and bool(g.with_prompt.fillna(False).any())), g))
     return out
 
 

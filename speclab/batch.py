@@ -88,6 +88,7 @@ class BatchIterationStats:
     masked_share: float  # masked (padding, holes) share of the target's key/value slots at the verify pass
     draft_masked_share: float  # the same for the draft's cache at its last step
     dummy_inputs: int  # masked dummy input slots fed this iteration (wasted token work)
+    with_prompt: bool = False  # the iteration's passes also processed the prompts (a merged prefill)
 
     @property
     def bookkeeping_s(self) -> float:
@@ -228,7 +229,7 @@ def batch_speculative_generate(target: torch.nn.Module, draft_model: torch.nn.Mo
                                prompts: list[torch.Tensor], max_new_tokens: int, k: int | KPolicy = 4,
                                sampling: SamplingConfig = GREEDY, eos_token_id: int | list[int] | None = None,
                                generator: torch.Generator | None = None, rule: AcceptRule = accept_sample,
-                               compact_at: float | None = 0.25) -> BatchResult:
+                               compact_at: float | None = 0.25, merge_prefill: bool = True) -> BatchResult:
     """Draft up to k tokens per row, verify all rows in one target pass, keep each row's accepted prefix.
 
     ``draft_model``: a draft model (a ``ModelDrafter``) or a row drafter (``ModelDrafter``,
@@ -236,11 +237,13 @@ def batch_speculative_generate(target: torch.nn.Module, draft_model: torch.nn.Mo
     each row runs its own copy of the policy (its own k and, with ``ConditionedK``, its own labels).
     ``rule`` is the sampling acceptance rule applied to each row (the wrong ones exist for tests);
     greedy uses ``accept_greedy`` semantics. ``compact_at``: re-pack a cache when its columns exceed
-    a hole-free layout by this share of the longest row (None: never).
+    a hole-free layout by this share of the longest row (None: never). ``merge_prefill``: the prompts
+    ride in the first iteration's passes (``prefill_s`` then holds only the drafter's start); False:
+    prefilled apart first.
     """
     rows = _rows(prompts)
     run = run_speculative(target, draft_model, rows, max_new_tokens, k, sampling, eos_token_id, generator, rule,
-                          compact_at)
+                          compact_at, merge_prefill)
     acc, prop, chk = ([0] * len(rows) for _ in range(3))
     for s, ids in zip(run.steps, run.row_ids):
         for i, c, a in zip(ids, s.counts, s.accepted):
@@ -252,5 +255,6 @@ def batch_speculative_generate(target: torch.nn.Module, draft_model: torch.nn.Mo
         new_tokens=sum(f - n for f, n in zip(s.final, s.lengths)), draft_s=s.draft_s, verify_s=s.verify_s,
         rollback_s=s.rollback_s, realign_s=s.realign_s, mask_s=s.mask_s, total_s=s.total_s,
         masked_share=s.masked_share, draft_masked_share=s.draft_masked_share, dummy_inputs=s.dummy_inputs,
+        with_prompt=s.with_prompt,
     ) for s in run.steps]
     return BatchResult(run.tokens, [p.shape[0] for p in rows], run.wall_s, run.prefill_s, acc, prop, chk, iterations)

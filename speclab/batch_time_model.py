@@ -13,7 +13,7 @@ to a size between two of them is priced on the straight line between the two.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class BatchTrace(Trace):
     ``draft_fed``, ``draft_calls``: the largest over its rows; ``length``: the longest row's;
     ``new_tokens``: summed over rows; ``prompt_len``: the longest prompt), and ``rows`` in each iteration."""
 
-    rows: np.ndarray
+    rows: np.ndarray = field(default_factory=lambda: np.ones(0, int))  # always given: lockstep builds it
 
     @property
     def batch_size(self) -> int:
@@ -100,7 +100,7 @@ class BatchTrace(Trace):
                    new_tokens=widest("new_tokens", np.sum).astype(int), length=widest("length").astype(int),
                    draft_fed=widest("draft_fed").astype(int), draft_calls=widest("draft_calls").astype(int),
                    uses_model=any(t.uses_model for t in traces), uses_lookup=any(t.uses_lookup for t in traces),
-                   rows=active.sum(axis=0))
+                   merged=any(t.merged for t in traces), rows=active.sum(axis=0))
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,10 @@ def calibrate_batch_loop(model: BatchTimeModel, traces: list[BatchTrace], iterat
     pred_d, pred_v = [], []
     for bt in traces:
         parts = bare.speculative(bt).parts
-        pred_d.append((parts["draft_steps"] + parts["catch_up"]) / len(bt.proposed))
-        pred_v.append(parts["verify"] / len(bt.proposed))
+        # Merged, the prompt's passes run inside the first iteration, and its measured times hold them.
+        inside = bt.merged
+        pred_d.append((parts["draft_steps"] + parts["catch_up"] + inside * parts["prefill_draft"]) / len(bt.proposed))
+        pred_v.append((parts["verify"] + inside * parts["prefill_target"]) / len(bt.proposed))
     ratio = (lambda meas, pred: float(np.sum(meas * its) / np.sum(np.asarray(pred) * its)) if np.sum(pred) > 0 else 1.0)
     return LoopCosts(target_scale=ratio(np.asarray(verify_s, float), pred_v),
                      draft_scale=ratio(np.asarray(draft_s, float), pred_d),

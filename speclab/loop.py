@@ -31,6 +31,8 @@ class IterationStats:
     length: int = 0  # tokens in the sequence (prompt included) before the iteration: its context
     draft_fed: int = 0  # tokens in the draft model's first forward call (its catch-up); 0: no model ran
     draft_calls: int = 0  # draft model forward calls
+    target_fed: int = 0  # tokens in the target's verification pass (proposals + 1, plus the prompt if merged)
+    with_prompt: bool = False  # the iteration's passes also processed the prompt (a merged prefill)
 
     @property
     def checked(self) -> int:
@@ -136,20 +138,23 @@ def speculative_generate(target: torch.nn.Module, drafter: Drafter | OneRowDraft
                          input_ids: torch.Tensor, max_new_tokens: int, k: int | KPolicy = 4,
                          sampling: SamplingConfig = GREEDY, eos_token_id: int | list[int] | None = None,
                          generator: torch.Generator | None = None,
-                         rule: AcceptRule = accept_sample) -> GenerationResult:
+                         rule: AcceptRule = accept_sample, merge_prefill: bool = True) -> GenerationResult:
     """Draft up to k tokens, verify them in one target pass, keep the accepted prefix, roll both caches back.
 
     ``drafter`` is a drafter or a plain draft model (wrapped in a ModelDrafter); ``k`` is a fixed
     number of proposals or a KPolicy that picks it per iteration. ``rule`` is the sampling
     acceptance rule (the wrong ones exist for tests); greedy always uses ``accept_greedy``.
-    The step is ``speclab.step``'s, over a batch of one row.
+    ``merge_prefill``: the prompt rides in the first iteration's passes (``prefill_s`` then holds
+    only the drafter's start); False: both models prefill all but its last token first. The step is
+    ``speclab.step``'s, over a batch of one row.
     """
     _check_prompt(input_ids)
     run = run_speculative(target, drafter, [input_ids[0]], max_new_tokens, k, sampling, eos_token_id, generator,
-                          rule, compact_at=None)
+                          rule, compact_at=None, merge_prefill=merge_prefill)
     iterations = [IterationStats(
         k=s.counts[0], accepted=s.accepted[0], bonus=0 < s.counts[0] == s.accepted[0],
         new_tokens=s.final[0] - s.lengths[0], draft_s=s.draft_s, verify_s=s.verify_s, rollback_s=s.rollback_s,
         total_s=s.total_s, length=s.lengths[0], draft_fed=s.draft_fed, draft_calls=s.draft_calls,
+        target_fed=s.target_fed, with_prompt=s.with_prompt,
     ) for s in run.steps]
     return GenerationResult(run.tokens[0], input_ids.shape[1], run.wall_s, run.prefill_s, iterations=iterations)

@@ -1,7 +1,12 @@
 """The speculative step (propose, verify, accept, roll back, record) over a set of rows, and the loop around it.
 
 Both ``speculative_generate`` (one prompt) and ``batch_speculative_generate`` (B prompts) run
-``run_speculative``: batch 1 is a batch of one row. The rows' KV caches are ``RaggedKV`` layouts
+``run_speculative``: batch 1 is a batch of one row.
+
+By default the prompt is not prefilled apart (``merge_prefill``): the draft's first call runs the
+whole prompt and proposes, and the target's first verification pass runs the prompt and the first
+proposals together, as transformers' assisted generation does; a generation then costs one target
+pass (and one draft pass) fewer than prefill-then-verify. The rows' KV caches are ``RaggedKV`` layouts
 (``speclab.batch_cache``); at one row, or while every row proposes the same number of tokens and
 accepts the same number, they stay dense and the models run without an attention mask.
 
@@ -85,15 +90,19 @@ class Step:
     draft_masked_share: float  # the same for the draft model's cache at its last step (nan: no model)
     realign_s: float = 0.0
     total_s: float = 0.0
+    target_fed: int = 0  # tokens per row in the target's verification pass (the widest row's)
+    with_prompt: bool = False  # this iteration's passes also processed the prompt (a merged prefill)
 
 
 def speculative_step(target: RaggedKV, drafter: Drafter, policies: RowPolicies, st: Rows, cap: int,
                      limit: torch.Tensor, eos: torch.Tensor, sampling: SamplingConfig,
-                     generator: torch.Generator | None, rule: AcceptRule) -> Step:
+                     generator: torch.Generator | None, rule: AcceptRule, seen: list[int]) -> Step:
     """One draft-verify-rollback iteration of every row; rows then hold their new tokens in ``st``.
 
     ``cap``: the most proposals any row may make (never past the largest remaining token budget; a
     row with less is cut to its budget afterwards, and the target's own token is always one more).
+    ``seen``: the tokens of each row already in the target's cache (its length - 1, or 0 before a
+    merged prefill's first pass).
     """
     device, lengths = st.seq.device, st.length_h
     d_sw, v_sw, r_sw = Stopwatch(device), Stopwatch(device), Stopwatch(device)
@@ -106,9 +115,12 @@ def speculative_step(target: RaggedKV, drafter: Drafter, policies: RowPolicies, 
         counts, q = drafter.propose_rows(st.seq, st.length, lengths, ks, sampling, generator)
     width = max(counts)
     with v_sw:
-        ragged = min(counts) != width
-        upto = st.length + (torch.tensor(counts, device=device) if ragged else width)
-        logits = target.feed(st.seq, upto, width + 1, not ragged, width + 1)
+        # Each row runs what the target has not seen: its last token and proposals, or, on a merged
+        # prefill's first iteration, its whole prompt too. ``seen`` is one behind the length (host facts).
+        fed = [n - s + c for n, s, c in zip(lengths, seen, counts)]
+        ragged = len(set(fed)) > 1
+        upto = st.length + (torch.tensor(counts, device=device) if min(counts) != width else width)
+        logits = target.feed(st.seq, upto, max(fed), not ragged, width + 1)
         n, nxt = accept_rows(st, counts, q, logits, sampling, generator, rule)
     with r_sw:
         st.seq.scatter_(1, (st.length + n)[:, None], nxt[:, None])
@@ -126,10 +138,11 @@ def speculative_step(target: RaggedKV, drafter: Drafter, policies: RowPolicies, 
         drafter.rollback_rows(new_len - 1, n_h)
     policies.update(counts, n_h)
     st.length, st.length_h = new_len, [x + a + 1 for x, a in zip(lengths, n_h)]
-    fed, calls = (drafter.last_fed, drafter.last_calls) if width else (0, 0)
+    d_fed, calls = (drafter.last_fed, drafter.last_calls) if width else (0, 0)
     return Step(lengths, counts, n_h, final_h, [bool(d) for d in done_h], d_sw.seconds, v_sw.seconds,
-                r_sw.seconds, sum(kv.layout.seconds for kv in caches) - m0, fed, calls,
-                drafter.last_dummies + sum(width - c for c in counts), shares[0], shares[1])
+                r_sw.seconds, sum(kv.layout.seconds for kv in caches) - m0, d_fed, calls,
+                drafter.last_dummies + sum(max(fed) - f for f in fed), shares[0], shares[1],
+                target_fed=max(fed), with_prompt=any(s < n - 1 for n, s in zip(lengths, seen)))
 
 
 @dataclass
@@ -143,13 +156,15 @@ class Run:
 
 def run_speculative(target: torch.nn.Module, drafter: object, prompts: list[torch.Tensor], max_new_tokens: int,
                     k: int | KPolicy, sampling: SamplingConfig, eos_token_id: int | list[int] | None,
-                    generator: torch.Generator | None, rule: AcceptRule, compact_at: float | None) -> Run:
+                    generator: torch.Generator | None, rule: AcceptRule, compact_at: float | None,
+                    merge_prefill: bool = True) -> Run:
     """Speculative decoding of every prompt (1-D token ids) until EOS or ``max_new_tokens``.
 
     ``drafter``: a drafter (``speclab.drafters``) or a draft model; ``k``: a fixed number of
     proposals or a k policy (each row gets its own: the given one for the first row, copies for the
     others). ``compact_at``: re-pack a cache when its columns exceed a hole-free layout by this share
-    of the longest row (None: never).
+    of the longest row (None: never). ``merge_prefill``: the prompt rides in the first iteration's
+    passes (False: both models first prefill all but its last token, then the loop starts).
     """
     policies = RowPolicies(k, len(prompts))
     drafter = row_drafter(drafter)
@@ -163,11 +178,11 @@ def run_speculative(target: torch.nn.Module, drafter: object, prompts: list[torc
 
     synchronize(device)
     t0 = time.perf_counter()
-    # Both models see all but the last prompt token; the first verification pass covers it.
-    ctx_h = [n - 1 for n in st.plen_h]
+    # Apart: both models see all but the last prompt token; the first verification pass covers it.
+    ctx_h = [0] * len(prompts) if merge_prefill else [n - 1 for n in st.plen_h]
     if max(ctx_h):
         tkv.feed(st.seq, st.plen - 1, max(ctx_h), len(set(ctx_h)) == 1, 1)
-    drafter.start_rows(st.seq, st.plen - 1, ctx_h)
+    drafter.start_rows(st.seq, torch.tensor(ctx_h, device=device), ctx_h)
     synchronize(device)
     run = Run([], 0.0, time.perf_counter() - t0)
 
@@ -176,12 +191,14 @@ def run_speculative(target: torch.nn.Module, drafter: object, prompts: list[torc
         t_iter = time.perf_counter()
         run.row_ids.append(list(st.row_ids))
         step = speculative_step(tkv, drafter, policies, st, max_new_tokens - min(generated) - 1, limit, eos,
-                                sampling, generator, rule)
+                                sampling, generator, rule, ctx_h)
+        ctx_h = [n - 1 for n in st.length_h]
         generated = [f - p for f, p in zip(step.final, st.plen_h)]
         a_sw = Stopwatch(device)
         with a_sw:  # finished rows leave; holes are re-packed
             kept = st.finish(step.done, step.final)
             if kept is not None:
+                ctx_h = [ctx_h[b] for b in kept[1]]
                 if st.active:
                     tkv.select(kept[0])
                     drafter.select_rows(*kept)

@@ -6,7 +6,9 @@ model puts back:
 
 - pass times depend on the pass length n *and* on the context: ``PassModel`` holds a table over n
   (jagged on CPUs: a 3-token pass can cost more than a 5-token one) and a per-n context slope;
-- both models prefill the prompt (the draft's prefill is work plain decoding never does);
+- both models prefill the prompt (the draft's prefill is work plain decoding never does); with a
+  merged prefill (the loop's default) the target's is its first verification pass, over the prompt
+  and the first proposals, and the draft's is its first call, over the prompt;
 - the draft's first call of an iteration is a catch-up pass of 1 token after a rejection, 2 after an
   all-accepted iteration (more after a hybrid's lookup iterations), not a one-token step;
 - tokens per iteration come from the *observed* iterations (``Trace``), so bursts, EOS and the
@@ -126,21 +128,32 @@ class Trace:
     draft_calls: np.ndarray
     uses_model: bool  # the drafter holds a draft model (it prefills the prompt)
     uses_lookup: bool  # the drafter tries an n-gram lookup every iteration
+    merged: bool = False  # the prompt rode in the first iteration's passes (no prefill apart)
 
     @property
     def tokens(self) -> int:
         return int(np.sum(self.new_tokens))
 
     @classmethod
-    def from_counts(cls, prompt_len: int, proposed: np.ndarray, accepted: np.ndarray, new_tokens: np.ndarray) -> "Trace":
+    def from_counts(cls, prompt_len: int, proposed: np.ndarray, accepted: np.ndarray, new_tokens: np.ndarray,
+                    merged: bool = False) -> "Trace":
         """The trace of a draft-model run from its per-iteration counts alone (acceptance rows written
         before the trace columns): the draft runs every proposal, and its first call catches up 2
-        tokens after an all-accepted iteration, 1 otherwise."""
+        tokens after an all-accepted iteration, 1 otherwise (merged: the whole prompt, the first time)."""
         proposed, accepted, new_tokens = (np.asarray(a, int) for a in (proposed, accepted, new_tokens))
         all_in = (accepted == proposed) & (proposed > 0)
-        fed = np.where(proposed > 0, np.r_[1, np.where(all_in[:-1], 2, 1)], 0)
+        fed = np.where(proposed > 0, np.r_[prompt_len if merged else 1, np.where(all_in[:-1], 2, 1)], 0)
         length = prompt_len + np.r_[0, np.cumsum(new_tokens)[:-1]]
-        return cls(prompt_len, proposed, new_tokens, length, fed, proposed.copy(), True, False)
+        return cls(prompt_len, proposed, new_tokens, length, fed, proposed.copy(), True, False, merged)
+
+    def cold_draft(self) -> np.ndarray:
+        """Iterations whose draft call starts from an empty cache (merged: its first model call runs the
+        prompt): a prefill, priced as one."""
+        return (self.draft_calls > 0) & (self.length == self.draft_fed) & self.merged
+
+    def prompt_verify(self) -> np.ndarray:
+        """Iterations whose verification pass also runs the prompt (merged: the first)."""
+        return (np.arange(len(self.proposed)) == 0) & self.merged
 
 
 PARTS = ("prefill_target", "prefill_draft", "draft_steps", "catch_up", "lookup", "verify", "rollback", "bookkeeping")
@@ -203,28 +216,35 @@ def price_speculative(tr: Trace, rows: np.ndarray, target: PassTime, draft: Pass
     """The parts of a speculative run's time: ``tr``'s iterations, ``rows[i]`` rows in iteration i (all
     ones for batch 1: ``TimeModel``; a batch in lockstep: ``speclab.batch_time_model``), passes priced
     by ``target`` / ``draft``, prefills (``*_prefill(n)``, the batch's rows bound in) by the others."""
-    prefill_n = max(tr.prompt_len - 1, 0)
+    prefill_n = 0 if tr.merged else max(tr.prompt_len - 1, 0)  # the prefill apart, of all but the last token
     calls, fed = tr.draft_calls.astype(float), tr.draft_fed.astype(float)
-    ran = calls > 0
+    cold = tr.cold_draft()
+    ran, with_prompt = (calls > 0) & ~cold, tr.prompt_verify()
     parts = dict.fromkeys(PARTS, 0.0)
     if prefill_n:
         parts["prefill_target"] = float(target_prefill(prefill_n))
-    if tr.uses_model and prefill_n:
+    if with_prompt.any():  # the first check runs the prompt and the proposals: a prefill of both
+        parts["prefill_target"] = float(np.sum(target_prefill(tr.prompt_len + tr.proposed[with_prompt])))
+    if (tr.uses_model and prefill_n) or cold.any():
         if draft_prefill is None:
             raise ValueError("a trace with a draft model needs a draft PassModel")
-        parts["prefill_draft"] = float(draft_prefill(prefill_n))
-    if ran.any():
+        parts["prefill_draft"] = (float(draft_prefill(prefill_n)) if prefill_n else
+                                  float(np.sum([draft_prefill(int(n)) for n in fed[cold]])))
+    if (calls > 0).any():
         if draft is None:
             raise ValueError("a trace with draft calls needs a draft PassModel")
-        # The draft cache holds length - fed tokens when its first call starts.
+        # The draft cache holds length - fed tokens when its first call starts; a cold start's first
+        # call is its prefill, priced above, and only its further calls are steps.
+        steps = np.where(cold, calls - 1, calls)
+        one = draft(1, tr.length + (calls - 1) / 2, rows)
         ctx0, r = tr.length[ran] - fed[ran], rows[ran]
-        one = draft(1, tr.length[ran] + (calls[ran] - 1) / 2, r)
-        first = draft(fed[ran], ctx0, r)
-        parts["draft_steps"] = lp.draft_scale * float(np.sum(calls[ran] * one))
-        parts["catch_up"] = lp.draft_scale * float(np.sum(first - draft(1, ctx0, r)))
+        parts["draft_steps"] = lp.draft_scale * float(np.sum((steps * one)[calls > 0]))
+        parts["catch_up"] = lp.draft_scale * float(np.sum(draft(fed[ran], ctx0, r) - draft(1, ctx0, r)))
     if tr.uses_lookup:  # one lookup per row and iteration
         parts["lookup"] = lp.lookup_s * float(np.sum(rows))
-    parts["verify"] = lp.target_scale * float(np.sum(target(tr.proposed + 1, tr.length - 1, rows)))
+    checks = ~with_prompt
+    parts["verify"] = lp.target_scale * float(np.sum(target(tr.proposed[checks] + 1, tr.length[checks] - 1,
+                                                            rows[checks])))
     parts["rollback"] = lp.rollback_s * len(tr.proposed)
     parts["bookkeeping"] = lp.bookkeeping_s * len(tr.proposed)
     return Decomposition(parts)
@@ -298,16 +318,18 @@ def calibrate_loop(model: TimeModel, traces: list[Trace], draft_s: list[np.ndarr
     ver_meas = ver_pred = dr_meas = dr_pred = 0.0
     lookups, rollbacks, books = [], [], []
     for tr, ds, vs, rs, ts in zip(traces, draft_s, verify_s, rollback_s, total_s):
-        ver_meas += float(np.sum(vs))
-        ver_pred += float(np.sum(t.time(tr.proposed + 1, tr.length - 1)))
-        ran = tr.draft_calls > 0
+        # A merged prefill's first iteration is priced as the prefills: its passes are not loop passes.
+        checks = ~tr.prompt_verify()
+        ver_meas += float(np.sum(vs[checks]))
+        ver_pred += float(np.sum(t.time(tr.proposed[checks] + 1, tr.length[checks] - 1)))
+        ran = (tr.draft_calls > 0) & ~tr.cold_draft()
         if ran.any() and d is not None:
             calls, fed = tr.draft_calls[ran].astype(float), tr.draft_fed[ran].astype(float)
             dr_meas += float(np.sum(ds[ran]))
             dr_pred += float(np.sum((calls - 1) * d.time(1, tr.length[ran] + (calls - 1) / 2)
                                     + d.time(fed, tr.length[ran] - fed)))
         if tr.uses_lookup:
-            lookups.append(ds[~ran])
+            lookups.append(ds[tr.draft_calls == 0])
         rollbacks.append(rs)
         books.append(ts - ds - vs - rs)
     med = (lambda xs: float(np.median(np.concatenate(xs))) if xs and sum(map(len, xs)) else 0.0)

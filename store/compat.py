@@ -15,7 +15,8 @@ HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "st
                 "stage.k_policies": [], "prompts.skip_per_kind": 0,
                 "k_policy.estimator": "iid", "stage.block_timing_repeats": 0,
                 "stage.best_fixed": False, "stage.policy_drafters": [], "k_policy.condition_on": "none",
-                "k_policy.free_k_min": None, "pair.draft_dtype": ""}
+                "k_policy.free_k_min": None, "pair.draft_dtype": "",
+                "merge_prefill": False}
 # Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
 NEUTRAL_ONLY_FOR = {"stage.k_policies": ("acceptance",)}
 
@@ -29,6 +30,7 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #   drafter "model", k_policy "fixed", context_mode "prompt": the only drafter, policy and context of the time
 #     (``with_defaults`` also names plain decoding's drafter and policy "none");
 #   top_p 1.0, top_k 0: no nucleus or top-k filter (acceptance files of `reference` before sampling knobs);
+#   with_prompt / merged_prefill False: every loop before merge_prefill prefilled the prompt apart;
 #   None (null, NaN in pandas): not measured by the code of the time, so no value stands in for it:
 #     acceptance's per-iteration context and timings (prompt_len ... wall_s: 6 of the 9 `reference` acceptance
 #     files), speed's block step times (16 `reference` and 2 `timemodel` files, written before
@@ -37,6 +39,7 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #     layers: every timing file before issue 21). The readers test these for NaN.
 NOT_MEASURED = None
 LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
+                 "with_prompt": False, "merged_prefill": False,
                  **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
                                   "block_draft_step_s", "worst_ratio", "chosen_by", "target_params", "target_bytes",

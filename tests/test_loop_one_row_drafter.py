@@ -25,15 +25,20 @@ class Oracle:
         self.calls.append(("rollback", valid_length))
 
 
-def test_one_row_drafter_runs_exactly(tiny_pair):
+@pytest.mark.parametrize("merge_prefill, n_ctx", [(True, 0), (False, 4)])
+def test_one_row_drafter_runs_exactly(tiny_pair, merge_prefill, n_ctx):
+    """Merged, the drafter gets no pre-processed context (its first propose sees the whole prompt);
+    apart, all but the last prompt token."""
     target, _ = tiny_pair
     ids = torch.tensor([[3, 17, 9, 41, 2]])
     plain = plain_greedy(target, ids, 30).tokens
     oracle = Oracle(ids[0].tolist() + plain)
-    res = speculative_generate(target, oracle, ids, 30, k=4)
+    res = speculative_generate(target, oracle, ids, 30, k=4, merge_prefill=merge_prefill)
     assert res.tokens == plain
     assert 0 < res.acceptance_rate < 1
-    assert oracle.calls[0] == ("start", 4)
+    assert oracle.calls[0] == ("start", n_ctx)
+    assert [it.with_prompt for it in res.iterations[:2]] == [merge_prefill, False]
+    assert res.iterations[0].target_fed == (5 if merge_prefill else 1) + res.iterations[0].k
     lengths = [it.length + it.new_tokens for it in res.iterations]
     assert [v for name, v in oracle.calls[1:]] == [n - 1 for n in lengths]  # the verified prefix, before EOS cut
     with pytest.raises(ValueError, match="cannot draft for 2 rows"):

@@ -34,14 +34,15 @@ from store.layout import STAGES, StoreError, campaigns, stage_paths
 from store.manifest import MANIFEST, is_published, read_manifest, write_manifest
 from store.records import CONTENT_KEY, StageFileError, check_stage_file, open_stage_file, read_meta
 from test_dvc_safety import BIN, copy_repository, run
-from test_migration import EARLIER_CONF
+from test_migration import earlier_conf
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = ROOT / "outputs"
 PUBLISHED = [c for c in campaigns(OUTPUTS) if is_published(OUTPUTS / "campaigns" / c)]
 # The sweep that made `reference` (python -m pipeline.run +sweep=all campaign=reference), one job per point;
 # its files were written before records held overrides.
-REFERENCE_SWEEP = [["stage=all", "pair=smollm2_int8", f"prompts={kind}", f"round={r}", "campaign=reference"]
+REFERENCE_SWEEP = [["stage=all", "pair=smollm2_int8", f"prompts={kind}", f"round={r}", "campaign=reference",
+                    "merge_prefill=false"]
                    for kind in ("prose", "code", "structured") for r in (0, 1)]
 NO_COMPUTE = ["mlflow.enabled=false"]
 
@@ -59,7 +60,7 @@ def _recorded_jobs() -> list[tuple[list[str], dict | None]]:
         for path in (p for s in STAGES for p in stage_paths(OUTPUTS, campaign, s)):
             meta = read_meta(path)
             if meta.get("overrides"):
-                extra, frozen, _why = EARLIER_CONF.get(meta["config_hash"], ([], None, ""))
+                extra, frozen, _why = earlier_conf(meta)
                 kept = [o for o in meta["overrides"] if not o.startswith("force=")]  # that refuses: below
                 out.append(([*kept, *extra], meta["inputs"] if "inputs" in meta else frozen))
     return out

@@ -34,10 +34,10 @@ def _flat(step: float, per_token: float = 0.0) -> PassModel:
                      50.0, (0.0, step))
 
 
-def _trace(proposed, new, fed, calls, prompt_len=10, model=True, lookup=False):
+def _trace(proposed, new, fed, calls, prompt_len=10, model=True, lookup=False, merged=False):
     new = np.array(new)
     length = prompt_len + np.r_[0, np.cumsum(new)[:-1]]
-    return Trace(prompt_len, np.array(proposed), new, length, np.array(fed), np.array(calls), model, lookup)
+    return Trace(prompt_len, np.array(proposed), new, length, np.array(fed), np.array(calls), model, lookup, merged)
 
 
 def test_speculative_time_is_the_sum_of_its_iterations():
@@ -53,6 +53,38 @@ def test_speculative_time_is_the_sum_of_its_iterations():
     assert d.total == pytest.approx(90 + 18 + 12 + 0.5 + 26 + 0.6)
     assert tm.plain(10, 6).total == pytest.approx(100.0 + 5 * 10.0)
     assert tm.speedup(tr) == pytest.approx(150.0 / d.total)
+
+
+def test_a_merged_prefill_prices_the_first_iteration_as_the_prefills():
+    tm = TimeModel(_flat(10.0, 1.0), _flat(2.0, 0.5), LoopCosts(rollback_s=0.1, bookkeeping_s=0.2))
+    # The draft's first call runs the 10-token prompt; the target's first pass the prompt and 3 proposals.
+    tr = _trace([3, 3], [4, 2], [10, 2], [3, 3], merged=True)
+    d = tm.speculative(tr)
+    assert d.parts["prefill_target"] == pytest.approx(13 * 10.0) and d.parts["prefill_draft"] == pytest.approx(20.0)
+    assert d.parts["draft_steps"] == pytest.approx((2 + 3) * 2.0)  # the cold call's two further steps, then three
+    assert d.parts["catch_up"] == pytest.approx(0.5)  # only the second iteration's: the first is the prefill
+    assert d.parts["verify"] == pytest.approx(13.0)  # only the second check
+    assert d.total == pytest.approx(130 + 20 + 10 + 0.5 + 13 + 0.6)
+    # One target pass fewer than prefill-then-verify: cheaper whenever a pass costs more than its tokens.
+    apart = tm.speculative(_trace([3, 3], [4, 2], [1, 2], [3, 3]))
+    assert d.parts["prefill_target"] + d.parts["verify"] == pytest.approx(
+        apart.parts["prefill_target"] + apart.parts["verify"] + 4 * 10.0 - 13.0)
+    # A hybrid whose model first drafts after a lookup iteration: that call is the draft's prefill.
+    hy = _trace([2, 3], [3, 2], [0, 13], [0, 3], model=True, lookup=True, merged=True)
+    assert tm.speculative(hy).parts["prefill_draft"] == pytest.approx(26.0)
+    counted = Trace.from_counts(10, np.array([3, 3]), np.array([3, 1]), np.array([4, 2]), merged=True)
+    assert counted.draft_fed.tolist() == [10, 2]
+
+
+def test_calibrate_loop_leaves_a_merged_prefill_out_of_the_loop_scales():
+    tm = TimeModel(_flat(10.0, 1.0), _flat(2.0, 0.5))
+    tr = _trace([3, 3, 2], [4, 2, 1], [10, 2, 1], [3, 3, 2], merged=True)
+    verify = 1.1 * tm.target.time(tr.proposed + 1, tr.length - 1)
+    verify[0] = 500.0  # the prompt's pass: not a loop pass
+    draft = 1.25 * ((tr.draft_calls - 1) * 2.0 + tm.draft.time(tr.draft_fed, 0))
+    draft[0] = 300.0
+    loop = calibrate_loop(tm, [tr], [draft], [verify], [np.zeros(3)], [draft + verify])
+    assert loop.target_scale == pytest.approx(1.1) and loop.draft_scale == pytest.approx(1.25)
 
 
 def test_time_model_repriced_at_other_step_times():

@@ -19,26 +19,32 @@ from speclab.loop import speculative_generate
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_loop_records_catch_up_calls_and_context(tiny_pair, one_torch_thread):
+@pytest.mark.parametrize("merge_prefill", [True, False])
+def test_loop_records_catch_up_calls_and_context(tiny_pair, one_torch_thread, merge_prefill):
     target, _ = tiny_pair
     ids = torch.tensor([[5, 9, 3, 7, 1, 2]])
-    res = speculative_generate(target, target, ids, 20, k=3)  # the target as its own draft: all accepted
+    # The target as its own draft: all accepted.
+    res = speculative_generate(target, target, ids, 20, k=3, merge_prefill=merge_prefill)
     its = res.iterations
-    assert its[0].draft_fed == 1  # the last prompt token
+    assert its[0].draft_fed == (6 if merge_prefill else 1)  # the whole prompt, or its last token
+    assert its[0].target_fed == (6 if merge_prefill else 1) + 3
+    assert all(it.target_fed == it.k + 1 and not it.with_prompt for it in its[1:])
     assert all(it.draft_fed == 2 for it in its[1:] if it.k)  # its unfed last proposal and the bonus token
     assert all(it.draft_calls == it.k for it in its)
     assert [it.length for it in its] == [6 + sum(i.new_tokens for i in its[:j]) for j in range(len(its))]
 
 
-def test_hybrid_catches_up_everything_lookup_covered(tiny_pair, one_torch_thread):
+@pytest.mark.parametrize("merge_prefill", [True, False])
+def test_hybrid_catches_up_everything_lookup_covered(tiny_pair, one_torch_thread, merge_prefill):
     target, draft = tiny_pair
     ids = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2]])
-    res = speculative_generate(target, HybridDrafter(draft), ids, 24, k=3)
+    res = speculative_generate(target, HybridDrafter(draft), ids, 24, k=3, merge_prefill=merge_prefill)
     model_its = [it for it in res.iterations if it.draft_calls]
     lookup_its = [it for it in res.iterations if it.k and not it.draft_calls]
     assert lookup_its and all(it.draft_fed == 0 for it in lookup_its)
-    # Each model iteration feeds every token since the model last ran: after lookup iterations, more than 2.
-    seen = 13
+    # Each model iteration feeds every token since the model last ran: after lookup iterations, more
+    # than 2; merged, the model's first call runs the prompt and everything lookup covered since.
+    seen = 0 if merge_prefill else 13
     for it in model_its:
         assert it.draft_fed == it.length - seen
         seen = min(it.length + it.k - 1, it.length + it.accepted)  # after its calls and the rollback

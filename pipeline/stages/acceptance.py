@@ -22,7 +22,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     # catch-up and calls, and the loop's own times (the run's prefill and wall time repeat on its rows).
     ("prompt_len", "int32"), ("length", "int32"), ("draft_fed", "int32"), ("draft_calls", "int32"),
     ("draft_s", "float64"), ("verify_s", "float64"), ("rollback_s", "float64"), ("total_s", "float64"),
-    ("prefill_s", "float64"), ("wall_s", "float64"),
+    ("prefill_s", "float64"), ("wall_s", "float64"), ("with_prompt", "bool"),
 ])
 
 
@@ -71,7 +71,8 @@ def run(ctx: StageContext) -> StageOutput:
             ids = ctx.inputs[prompt.id]
             s = ctx.strategy(k, drafter_name, policy_name)
             res = speculative_generate(pair.target, s.drafter, ids, int(cfg.max_new_tokens), k=s.policy,
-                                       sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen)
+                                       sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen,
+                                       merge_prefill=bool(cfg.merge_prefill))
             for i, it in enumerate(res.iterations):
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "drafter": drafter_name, "k_policy": policy_name,
@@ -81,7 +82,7 @@ def run(ctx: StageContext) -> StageOutput:
                              "new_tokens": it.new_tokens, "prompt_len": ids.shape[1], "length": it.length,
                              "draft_fed": it.draft_fed, "draft_calls": it.draft_calls, "draft_s": it.draft_s,
                              "verify_s": it.verify_s, "rollback_s": it.rollback_s, "total_s": it.total_s,
-                             "prefill_s": res.prefill_s, "wall_s": res.wall_s})
+                             "prefill_s": res.prefill_s, "wall_s": res.wall_s, "with_prompt": it.with_prompt})
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
 

@@ -38,7 +38,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("row_acceptance", "string"), ("iterations", "int32"), ("draft_s_per_iter", "float64"),
     ("verify_s_per_iter", "float64"), ("rollback_s_per_iter", "float64"), ("layout_s_per_iter", "float64"),
     ("iter_s", "float64"), ("layout_share", "float64"), ("masked_share", "float64"), ("dummy_share", "float64"),
-    ("identical_to_plain", "bool"),
+    ("identical_to_plain", "bool"), ("merged_prefill", "bool"),
 ] + MEMORY_FIELDS)
 
 
@@ -109,7 +109,8 @@ def run(ctx: StageContext) -> StageOutput:
                                  "position": order.index(a), "k": a[1], "do_sample": sampling.do_sample,
                                  "context_len": int(max(x.shape[-1] for x in ids)),
                                  **_run_columns(res), "ratio_to_adjacent_plain": res.tokens_per_s / plain.tokens_per_s,
-                                 "identical_to_plain": res.tokens == plain.tokens, **mem})
+                                 "identical_to_plain": res.tokens == plain.tokens,
+                                 "merged_prefill": a[0] != "plain" and bool(cfg.merge_prefill), **mem})
                 block += 1
     df = pd.DataFrame(rows, columns=SCHEMA.names)
     return summarize(df, cfg)
@@ -120,7 +121,8 @@ def _generate(ctx: StageContext, arm: str, k: int, ids: list, n_new: int, sampli
     if arm == "plain":
         return batch_plain_generate(pair.target, ids, n_new, sampling, pair.eos_token_id, gen)
     s = ctx.strategy(k)  # the job's drafter and k policy (default: the draft model, k fixed), new for each run
-    return batch_speculative_generate(pair.target, s.drafter, ids, n_new, s.policy, sampling, pair.eos_token_id, gen)
+    return batch_speculative_generate(pair.target, s.drafter, ids, n_new, s.policy, sampling, pair.eos_token_id, gen,
+                                      merge_prefill=bool(ctx.cfg.merge_prefill))
 
 
 def describe(cfg: DictConfig) -> str:

@@ -58,7 +58,8 @@ def run(ctx: StageContext) -> StageOutput:
             for k in ks:
                 s = ctx.strategy(k)
                 spec = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy,
-                                            eos_token_id=pair.eos_token_id).tokens
+                                            eos_token_id=pair.eos_token_id,
+                                            merge_prefill=bool(cfg.merge_prefill)).tokens
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
                              "round": int(cfg.round) + r, **analyse(ctx, ids, plain, spec, k)})
     df = pd.DataFrame(rows, columns=SCHEMA.names)

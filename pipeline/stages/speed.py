@@ -38,7 +38,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("tokens_per_s", "float64"), ("ratio_to_adjacent_plain", "float64"), ("acceptance_rate", "float64"),
     ("tokens_per_pass", "float64"), ("iterations", "int32"), ("draft_s_per_iter", "float64"),
     ("verify_s_per_iter", "float64"), ("rollback_s_per_iter", "float64"), ("bookkeeping_s_per_iter", "float64"),
-    ("identical_to_plain", "bool"),
+    ("identical_to_plain", "bool"), ("merged_prefill", "bool"),
 ] + [(f, "float64") for f in STEP_FIELDS + BLOCK_STEP_FIELDS] + MEMORY_FIELDS)
 
 
@@ -60,16 +60,24 @@ def block_step_times(ctx: StageContext, ids) -> dict[str, float]:
 
 
 def _breakdown(res: GenerationResult) -> dict[str, float]:
+    """Counts over every iteration; times per loop iteration. A merged prefill's first iteration ran
+    the prompt through both models: its time is the run's prefill (``prompt_s``), not a loop iteration's."""
     n = len(res.iterations)
+    loop = [i for i in res.iterations if not i.with_prompt]
     if not n:
         return {"acceptance_rate": float("nan"), "tokens_per_pass": float("nan"), "iterations": 0, "mean_k": float("nan"),
+                "merged_prefill": False,
                 **{f"{p}_s_per_iter": float("nan") for p in ("draft", "verify", "rollback", "bookkeeping")}}
+    per = (lambda part: sum(getattr(i, part) for i in loop) / len(loop)) if loop else (lambda part: float("nan"))
     return {"acceptance_rate": res.acceptance_rate, "tokens_per_pass": res.tokens_per_target_pass, "iterations": n,
-            "mean_k": res.proposed / n,
-            "draft_s_per_iter": sum(i.draft_s for i in res.iterations) / n,
-            "verify_s_per_iter": sum(i.verify_s for i in res.iterations) / n,
-            "rollback_s_per_iter": sum(i.rollback_s for i in res.iterations) / n,
-            "bookkeeping_s_per_iter": sum(i.bookkeeping_s for i in res.iterations) / n}
+            "mean_k": res.proposed / n, "merged_prefill": len(loop) < n,
+            **{f"{p}_s_per_iter": per(f"{p}_s") for p in ("draft", "verify", "rollback", "bookkeeping")}}
+
+
+def prompt_s(res: GenerationResult) -> float:
+    """Time on the prompt: the prefill apart, or a merged prefill's first iteration (which also drafted and
+    checked its proposals)."""
+    return res.prefill_s + sum(i.total_s for i in res.iterations if i.with_prompt)
 
 
 # transformers' generate() as peer arms: matched to our loop (constant k, no threshold), with the
@@ -141,8 +149,9 @@ def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, fl
     if arm.ours:
         s = ctx.strategy(arm.k, arm.drafter, arm.k_policy)
         r = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy, sampling=sampling,
-                                 eos_token_id=pair.eos_token_id, generator=gen)
-        return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
+                                 eos_token_id=pair.eos_token_id, generator=gen,
+                                 merge_prefill=bool(ctx.cfg.merge_prefill))
+        return r.tokens, r.wall_s, prompt_s(r), _breakdown(r)
     if arm.method not in PEER_MODES_BY_ARM:  # plain, or a plan that recommends not speculating
         r = plain_generate(pair.target, ids, n_new, sampling, pair.eos_token_id, gen)
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)

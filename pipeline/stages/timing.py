@@ -49,7 +49,8 @@ def run(ctx: StageContext) -> StageOutput:
             timed = [(n + e, t) for e in extras
                      for t in pass_times(model, ids, lengths, int(st.repeats), int(st.warmup), context_extra=e)]
             if st.prefill:
-                # Context 0: a prefill of the first pass_len prompt tokens (n - 1 in the loop, n in plain decoding).
+                # Context 0: a prefill of the first pass_len prompt tokens (n - 1 in a loop that prefills apart, n in
+                # plain decoding; a merged prefill's prompt plus proposals is the fitted line a few tokens on).
                 timed += [(0, t) for t in prefill_times(model, ids, sorted({max(n - 1, 1), n}), int(st.repeats),
                                                         int(st.warmup))]
             for context_len, t in timed:
