@@ -32,8 +32,8 @@ def format_tags(prompt_format: dict | None) -> dict[str, str]:
     off or mixed: what ``prompts.chat_template``, a param, resolved to) and ``two_turn_prompts``."""
     if not prompt_format:
         return {}
-    return {"chat_template_used": str(prompt_format.get("template_used")),
-            "two_turn_prompts": str(prompt_format.get("two_turn_prompts", 0))}
+    return {"chat_template_used": str(prompt_format["template_used"]),
+            "two_turn_prompts": str(prompt_format["two_turn_prompts"])}
 
 
 class JobRuns:

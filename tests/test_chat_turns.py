@@ -227,3 +227,20 @@ def test_resolved_template_is_tagged():
     record = {"chat_template": "auto", "template_used": "on", "two_turn_prompts": 4, "answers_dir": "x"}
     assert format_tags(record) == {"chat_template_used": "on", "two_turn_prompts": "4"}
     assert format_tags(None) == {}  # a file written before the record: no tag rather than a wrong one
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_template_choice_in_mlflow(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_cfg(tmp_path, "stage=acceptance", "k=2", f"prompts.file={_user_file(tmp_path)}",
+                   "prompts.kinds=[chat]", "max_new_tokens=4", "mlflow.enabled=true", f"mlflow.tracking_uri={uri}")
+    run_parts(cfg)
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("speclab").experiment_id],
+                              "tags.stage = 'acceptance' and tags.level = 'stage'")
+    assert len(runs) == 1
+    run = runs[0].data
+    assert run.params["prompts.chat_template"] == "auto"
+    assert run.tags["chat_template_used"] == "off" and run.tags["two_turn_prompts"] == "1"  # tiny: no tokenizer
