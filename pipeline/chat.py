@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from pipeline.prompt_types import Prompt
-from pipeline.prompts import STAND_IN_TOKENS, encode
+from pipeline.prompts import encode
 
 SETTINGS = ("auto", "on", "off")
 PLAIN_JOIN = "\n\n"

@@ -12,7 +12,8 @@ import yaml
 from pipeline.prompt_files import parse_jsonl
 from pipeline.prompt_types import Prompt, check_unicode
 
-__all__ = ["Prompt", "load_prompts", "encode", "check_fits", "check_window", "MT_BENCH", "POOLS"]
+__all__ = ["Prompt", "load_prompts", "read_file", "shipped_files", "encode", "check_fits", "check_window",
+           "MT_BENCH", "POOLS", "STAND_IN_TOKENS"]
 
 PROMPT_DIR = Path(__file__).parent / "prompts"
 FIELDS = ("id", "kind", "text")
@@ -20,6 +21,7 @@ STAND_IN_TOKENS = 64
 # Spec-Bench's MT-bench subcategories; ``kinds: [mt_bench]`` selects them as one kind (its own table row).
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 POOLS = {"mt_bench": MT_BENCH}
+
 
 def _parse(path: Path) -> list[Prompt]:
     """Every prompt of a file, or a one-line ValueError saying what is wrong and where."""
