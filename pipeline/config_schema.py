@@ -53,6 +53,7 @@ class PromptsConf:
     kinds: list[str] = field(default_factory=lambda: ["prose", "code", "structured"])
     per_kind: int = 0
     skip_per_kind: int = 0
+    chat_template: str = "auto"  # auto | on | off (pipeline/chat.py); auto leaves the YAML texts raw
 
 
 @dataclass
@@ -310,6 +311,8 @@ CHECKS: dict[str, Check] = {
                       "a non-empty list of prompt kinds, e.g. [prose,code]"),
     "prompts.per_kind": (_int_at_least(0)[0], "an integer >= 0 (0: every prompt of each kind)"),
     "prompts.skip_per_kind": (_int_at_least(0)[0], "an integer >= 0 (prompts of each kind to leave out first)"),
+    "prompts.chat_template": (_one_of("auto", "on", "off")[0],
+                              "one of ['auto', 'on', 'off'] (in a YAML file quote on and off: YAML reads them as booleans)"),
     "sampling.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k filter)"),
     "sampling.top_p": _number_in(0, 1, lo_open=True),
     "drafter.name": ((lambda v: v in options("drafter", DRAFTERS)), f"one of {options('drafter', DRAFTERS)}"),

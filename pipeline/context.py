@@ -1,15 +1,16 @@
 """Shared set-up for every stage: threads, seeds, the model pair, the prompts and the strategies."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from pipeline.jobs import config_hash
-from pipeline.prompts import Prompt, check_fits, encode, load_prompts
+from pipeline.prompts import Prompt, load_prompts
 from pipeline.strategies import drafter_conf, make_drafter, policy_conf, policy_spec
-from speclab.checks import context_limit
+from pipeline.turns import prompt_inputs
 from speclab.models import ModelPair, load_pair
 from speclab.strategy import Strategy, make_strategy, measure_prices
 from speclab.time_model import CostTable
@@ -20,9 +21,10 @@ class StageContext:
     cfg: DictConfig
     pair: ModelPair
     prompts: list[Prompt]
-    inputs: dict[str, torch.Tensor]  # prompt id -> token ids on the pair's device
+    inputs: dict[str, torch.Tensor]  # prompt id -> token ids on the pair's device (the context a run answers)
     config_hash: str
     _prices: CostTable | None = None
+    prompt_record: dict[str, Any] = field(default_factory=dict)  # how the contexts were made (provenance)
 
     def prices(self, policy: str | None = None) -> CostTable | None:
         """The price table the k policy ``policy`` (None: the job's) reads, if it reads one: measured on
@@ -53,15 +55,12 @@ def load_job_prompts(cfg: DictConfig) -> list[Prompt]:
 
 
 def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageContext:
-    """Load the pair and encode the prompts; every prompt is checked to fit before any stage computes."""
+    """Load the pair and build the prompts' contexts (pipeline/turns.py); every prompt is checked to fit before
+    any stage computes."""
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(int(cfg.seed))
     prompts = prompts if prompts is not None else load_job_prompts(cfg)
     pair = load_pair(cfg.pair.target, cfg.pair.draft, cfg.device, cfg.pair.dtype, cfg.pair.draft_dtype or None)
-    vocab = pair.target.config.vocab_size
-    limits = {"target": context_limit(pair.target), "draft": context_limit(pair.draft)}
-    inputs = {p.id: encode(p, pair.tokenizer, vocab, pair.device, limits) for p in prompts}
-    for p in prompts:
-        check_fits(p.id, inputs[p.id].shape[1], int(cfg.max_new_tokens), job_k_max(cfg), limits)
-    return StageContext(cfg, pair, prompts, inputs, config_hash(cfg))
+    made = prompt_inputs(cfg, pair, prompts, job_k_max(cfg))
+    return StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record)

@@ -27,6 +27,15 @@ from store.records import read_meta
 log = logging.getLogger("speclab")
 
 
+def format_tags(prompt_format: dict | None) -> dict[str, str]:
+    """MLflow tags of how the prompts were formatted, known once the tokenizer is: ``chat_template_used`` (on,
+    off or mixed: what ``prompts.chat_template``, a param, resolved to) and ``two_turn_prompts``."""
+    if not prompt_format:
+        return {}
+    return {"chat_template_used": str(prompt_format["template_used"]),
+            "two_turn_prompts": str(prompt_format["two_turn_prompts"])}
+
+
 class JobRuns:
     """The tracking side of one job: what its runs carry (tags, params, config) and how each ends."""
 
@@ -83,11 +92,13 @@ class JobRuns:
                                    self.file_tags(), self.params, self.parent()) as run_id:
             yield run_id
 
-    def finish(self, run_id: str | None, part: str, out: StageOutput, path: Path) -> bool:
-        """The stage run's metrics, files and description, and one child run per compared arm."""
-        self.tracker.log_arms(run_id, out.arms, run_identity(self.cfg, part), self.file_tags(),
+    def finish(self, run_id: str | None, part: str, out: StageOutput, path: Path,
+               tags: dict[str, str] | None = None) -> bool:
+        """The stage run's metrics, files and description, and one child run per compared arm; ``tags``: what
+        is known only once the models are loaded (``format_tags``)."""
+        self.tracker.log_arms(run_id, out.arms, run_identity(self.cfg, part), {**self.file_tags(), **(tags or {})},
                               f"{part} {{arm}} r{self.cfg.round} {self.cfg.pair.name}")
-        done = self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary)
+        done = self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary, tags=tags)
         if done:  # a recomputed file: its older runs are no longer the file's
             self.tracker.supersede(run_identity(self.cfg, part), run_id)
         return done
@@ -96,11 +107,12 @@ class JobRuns:
         """The Parquet was written but its MLflow run never finished: log the run from the file."""
         module = stage_module(part)
         out = module.summarize(pd.read_parquet(path), self.cfg)
-        tags = {**self.file_tags(), "mlflow.source.git.commit": str(read_meta(path).get("git_commit") or "unknown"),
-                "logged_from_file": "true"}
+        meta = read_meta(path)
+        tags = {**self.file_tags(), "mlflow.source.git.commit": str(meta.get("git_commit") or "unknown"),
+                "logged_from_file": "true", **format_tags(meta.get("prompt_format"))}
         run_id = self.tracker.start(module.describe(self.cfg), run_identity(self.cfg, part), tags, self.params,
                                     self.parent())
-        if self.finish(run_id, part, out, path):
+        if self.finish(run_id, part, out, path, format_tags(meta.get("prompt_format"))):
             log.info(f"[{part}] {path} was complete but had no finished MLflow run: logged it from the file")
         self.record(part, "logged from file", path, out.metrics)
 

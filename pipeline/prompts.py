@@ -1,22 +1,26 @@
-"""The prompt set: texts with an id and a kind, checked and tokenised for a pair."""
+"""The prompt set: items with an id and a kind (YAML texts or Spec-Bench JSONL questions), selected,
+checked and tokenised for a pair."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
 import yaml
 
+from pipeline.prompt_files import parse_jsonl
+from pipeline.prompt_types import Prompt, check_unicode
+
+__all__ = ["Prompt", "load_prompts", "read_file", "shipped_files", "encode", "check_fits", "check_window",
+           "MT_BENCH", "POOLS", "STAND_IN_TOKENS"]
+
 PROMPT_DIR = Path(__file__).parent / "prompts"
 FIELDS = ("id", "kind", "text")
 STAND_IN_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class Prompt:
-    id: str
-    kind: str
-    text: str
+# Spec-Bench's MT-bench subcategories; ``kinds: [mt_bench]`` selects them as one kind (its own table row).
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+POOLS = {"mt_bench": MT_BENCH}
 
 
 def _parse(path: Path) -> list[Prompt]:
@@ -51,7 +55,7 @@ def _parse(path: Path) -> list[Prompt]:
             raise ValueError(f"{name} in {path.name} has a {odd[0]!r} of type {type(entry[odd[0]]).__name__}: "
                              f"use a name (a string)")
         pid, kind, text = (str(entry[f]) for f in FIELDS)
-        _check_unicode(f"prompt {pid!r} in {path.name}", text)
+        check_unicode(f"prompt {pid!r} in {path.name}", text)
         if not pid.strip() or not kind.strip():
             raise ValueError(f"{name} in {path.name} has an empty id or kind: both must be non-empty")
         if not text.strip():
@@ -63,37 +67,63 @@ def _parse(path: Path) -> list[Prompt]:
     return prompts
 
 
-def _check_unicode(name: str, text: str) -> None:
-    """A lone surrogate (YAML "\\ud800") cannot be encoded: say where, instead of failing in the tokenizer."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise ValueError(f"{name} has an invalid character {text[err.start]!r} at position {err.start + 1} "
-                         "(a lone surrogate): texts must be valid Unicode") from None
+def shipped_files() -> list[str]:
+    """The prompt files shipped in pipeline/prompts/ (names ``prompts.file`` takes)."""
+    return sorted(str(p.relative_to(PROMPT_DIR)) for ext in ("yaml", "jsonl") for p in PROMPT_DIR.rglob(f"*.{ext}"))
+
+
+def read_file(file: str) -> tuple[Path, list[Prompt]]:
+    """The prompt file ``file`` (a name in pipeline/prompts/ or a path) and its items: ``.jsonl`` in
+    Spec-Bench's schema, anything else the YAML list of texts."""
+    path = Path(file) if Path(file).is_file() else PROMPT_DIR / file
+    if not path.is_file():
+        raise ValueError(f"prompt file {file!r} not found: use one of {shipped_files()} or a path to a YAML or "
+                         "JSONL file")
+    return path, (parse_jsonl(path) if path.suffix == ".jsonl" else _parse(path))
+
+
+def _pooled(prompts: list[Prompt], kind: str) -> list[Prompt]:
+    """The items of a pooled kind (``mt_bench``), renamed to it, taken in turn from each member category
+    (each in file order): the first n of the pool then cover its categories, whatever n is."""
+    groups = [[p for p in prompts if p.kind == member] for member in POOLS[kind]]
+    return [replace(p, kind=kind) for row in zip_longest(*groups) for p in row if p is not None]
+
+
+def _available(prompts: list[Prompt]) -> list[str]:
+    kinds = {p.kind for p in prompts}
+    return sorted(kinds | {pool for pool, members in POOLS.items() if kinds & set(members)})
 
 
 def load_prompts(file: str, kinds: list[str], per_kind: int = 0, skip_per_kind: int = 0) -> list[Prompt]:
     """Prompts from ``file`` (a name in pipeline/prompts/ or a path), filtered to ``kinds``.
 
-    ``skip_per_kind`` leaves out the first n of each kind, then ``per_kind`` keeps the first n of the
-    rest (0: all): a plan on ``per_kind=2`` and a check on ``skip_per_kind=2`` use disjoint prompts.
+    A kind is a file's kind (a JSONL category), or a pool of them (``mt_bench``: MT-bench's eight
+    subcategories) when the file has no kind of that name. The sample is a fixed function of the file:
+    ``skip_per_kind`` leaves out the first n of each kind, then ``per_kind`` keeps the first n of the rest
+    (0: all), in file order (a pool: its categories in turn), so a plan on ``per_kind=2`` and a check on
+    ``skip_per_kind=2`` use disjoint prompts.
     """
     if per_kind < 0:
         raise ValueError(f"prompts.per_kind={per_kind} is not allowed: use 0 (every prompt) or n >= 1")
     if skip_per_kind < 0:
         raise ValueError(f"prompts.skip_per_kind={skip_per_kind} is not allowed: use an integer >= 0")
-    path = Path(file) if Path(file).is_file() else PROMPT_DIR / file
-    if not path.is_file():
-        shipped = sorted(p.name for p in PROMPT_DIR.glob("*.yaml"))
-        raise ValueError(f"prompt file {file!r} not found: use one of {shipped} or a path to a YAML file")
-    prompts = _parse(path)
-    available = sorted({p.kind for p in prompts})
+    path, prompts = read_file(file)
+    own = {p.kind for p in prompts}
+    available = _available(prompts)
     unknown = [k for k in kinds if k not in available]
     if unknown:
         raise ValueError(f"prompt kinds {unknown} not in {path.name}: allowed are {available}")
+    pooled = [k for k in kinds if k not in own]
+    for pool in pooled:  # a category asked for twice would run its prompts twice
+        twice = [k for k in kinds if k in POOLS[pool]]
+        if twice:
+            raise ValueError(f"prompt kinds {[pool, *twice]} overlap: {pool} pools {list(POOLS[pool])}; "
+                             f"choose {pool} or its categories, not both")
+    if len(set(kinds)) < len(kinds):
+        raise ValueError(f"prompts.kinds={list(kinds)} names a kind twice: name each once")
     chosen: list[Prompt] = []
     for kind in kinds:
-        of_kind = [p for p in prompts if p.kind == kind]
+        of_kind = _pooled(prompts, kind) if kind in pooled else [p for p in prompts if p.kind == kind]
         if skip_per_kind >= len(of_kind):
             raise ValueError(f"prompts.skip_per_kind={skip_per_kind} leaves no prompt of kind {kind!r}: {path.name} has "
                              f"{len(of_kind)} of that kind; use prompts.skip_per_kind < {len(of_kind)}")
@@ -122,11 +152,29 @@ def encode(prompt: Prompt, tokenizer, vocab_size: int, device: torch.device,
     return ids.to(device)
 
 
-def check_fits(prompt_id: str, n_prompt: int, max_new_tokens: int, k_max: int, limits: dict[str, int | None]) -> None:
-    """The prompt, the new tokens and one iteration's proposals must fit every model's context."""
+def check_fits(prompt_id: str, n_prompt: int, max_new_tokens: int, k_max: int, limits: dict[str, int | None],
+               name: str | None = None) -> None:
+    """The prompt, the new tokens and one iteration's proposals must fit every model's context (``name``: how
+    the error calls the prompt, default ``prompt 'ID'``)."""
     need = n_prompt + max_new_tokens + k_max + 1
     for role, limit in limits.items():
         if limit is not None and need > limit:
-            raise ValueError(f"prompt {prompt_id!r} has {n_prompt} tokens: with max_new_tokens={max_new_tokens} and "
-                             f"up to k={k_max} proposals it needs {need} positions, more than the {role}'s context of "
+            raise ValueError(f"{name or f'prompt {prompt_id!r}'} has {n_prompt} tokens: with max_new_tokens="
+                             f"{max_new_tokens} and up to k={k_max} proposals it needs {need} positions, more than the {role}'s context of "
                              f"{limit}; shorten the prompt or lower max_new_tokens")
+
+
+def check_window(prompt_id: str, n_prompt: int, max_new_tokens: int, k_max: int, rows: int,
+                 windows: dict[str, int | None], name: str | None = None) -> None:
+    """A batch of several rows is exact on a sliding-window model only while its width stays within the window
+    (speclab/batch_cache.py refuses mid-run otherwise); a batch is at least as wide as its longest row, so a
+    prompt whose own run would pass the window is refused before any compute."""
+    if rows <= 1:
+        return  # one row keeps a dense layout: exact past the window (tests/test_loop_sliding_window.py)
+    need = n_prompt + max_new_tokens + k_max + 1
+    for role, window in windows.items():
+        if window is not None and need > window:
+            raise ValueError(f"{name or f'prompt {prompt_id!r}'} has {n_prompt} tokens: with max_new_tokens="
+                             f"{max_new_tokens} and up to k={k_max} proposals a batch of {rows} rows is {need} columns "
+                             f"wide, more than the {role}'s sliding window of {window} (not exact past it); use stage.batch_sizes=[1], "
+                             "shorter prompts or a lower max_new_tokens")

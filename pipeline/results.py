@@ -23,11 +23,12 @@ def hydra_overrides() -> list[str] | None:
     return redact_all(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
 
 
-def provenance(cfg: DictConfig, part: str, started: str, git_commit: str) -> dict:
-    """The record a stage's Parquet carries: which job wrote it, from what, when."""
+def provenance(cfg: DictConfig, part: str, started: str, git_commit: str, prompt_format: dict | None = None) -> dict:
+    """The record a stage's Parquet carries: which job wrote it, from what, when; ``prompt_format``: how the
+    prompts' contexts were made (the chat template resolved for this tokenizer, two-turn items' answers)."""
     return {"stage": part, "campaign": str(cfg.campaign), "config_hash": config_hash(cfg), "pair": str(cfg.pair.name),
             "git_commit": git_commit, "started_at": started, "finished_at": now(), "overrides": hydra_overrides(),
-            "inputs": job_inputs(cfg)}
+            "inputs": job_inputs(cfg), **({"prompt_format": prompt_format} if prompt_format else {})}
 
 
 def write_result(rows, schema, path: Path, meta: dict) -> Path:

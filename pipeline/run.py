@@ -27,7 +27,7 @@ from pipeline.config_schema import ConfigError, check_config, register  # noqa: 
 from pipeline.context import StageContext, build_context, load_job_prompts  # noqa: E402
 from pipeline.errors import error_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
-from pipeline.job_runs import JobRuns  # noqa: E402
+from pipeline.job_runs import JobRuns, format_tags  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
 from pipeline.results import now, provenance, write_result  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
@@ -120,8 +120,9 @@ class Job:
                 self.ctx = build_context(self.cfg, self.prompts)
             log.info(f"[{part}] running: {module.describe(self.cfg)}")
             out = module.run(self.ctx)
-            write_result(out.rows, module.SCHEMA, path, provenance(self.cfg, part, started, self.runs.git_commit()))
-            logged = self.runs.finish(run_id, part, out, path)
+            record = provenance(self.cfg, part, started, self.runs.git_commit(), self.ctx.prompt_record)
+            write_result(out.rows, module.SCHEMA, path, record)
+            logged = self.runs.finish(run_id, part, out, path, format_tags(self.ctx.prompt_record))
         self.runs.record(part, "computed", path, out.metrics)
         log.info(f"[{part}] {self.cfg.pair.name}: wrote {path}" + ("" if logged else " (not logged to MLflow)"))
         for line in out.summary:

@@ -263,8 +263,10 @@ class Tracker:
         return run_id
 
     def finish(self, run_id: str | None, metrics: dict[str, float], artifacts: list[Path] = (),
-               config: dict | None = None, description: list[str] = (), table: Any = None) -> bool:
-        """Log metrics, artifacts, the resolved config and the description, then mark the run FINISHED."""
+               config: dict | None = None, description: list[str] = (), table: Any = None,
+               tags: dict[str, str] | None = None) -> bool:
+        """Log metrics, artifacts, the resolved config, the description and late ``tags``, then mark the run
+        FINISHED."""
         if run_id is None:
             return False
 
@@ -283,6 +285,8 @@ class Tracker:
                 c.log_table(run_id, data=table, artifact_file="summary.json")
             if description:
                 c.set_tag(run_id, "mlflow.note.content", "\n".join(description)[:20000])
+            for key, value in (tags or {}).items():
+                c.set_tag(run_id, key, value)
             c.set_terminated(run_id, "FINISHED")
             return True
 

@@ -191,3 +191,9 @@ class RaggedKV:
         self._take_columns(order[:, self.width - longest:])
         self.dense = bool(self.mask.all())
         return True
+
+
+def sliding_window(model: torch.nn.Module) -> int | None:
+    """The attention window of ``model`` if it has sliding-window layers (else None), read from an empty cache
+    laid out for it, without a pass: the rule ``RaggedKV`` refuses wide batches by, for checks made up front."""
+    return _sliding_window(model, new_cache(model))

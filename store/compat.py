@@ -16,7 +16,9 @@ HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "st
                 "k_policy.estimator": "iid", "stage.block_timing_repeats": 0,
                 "stage.best_fixed": False, "stage.policy_drafters": [], "k_policy.condition_on": "none",
                 "k_policy.free_k_min": None, "pair.draft_dtype": "",
-                "merge_prefill": False}
+                "merge_prefill": False,
+                # auto runs the YAML sets raw, as every stored result was; JSONL workloads are newer than the key
+                "prompts.chat_template": "auto"}
 # Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
 NEUTRAL_ONLY_FOR = {"stage.k_policies": ("acceptance",)}
 
