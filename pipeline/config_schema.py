@@ -134,6 +134,7 @@ class AcceptanceStage(KsStage):
     drafters: list[str] = field(default_factory=list)
     k_policies: list[str] = field(default_factory=list)
     policy_drafters: list[str] = field(default_factory=list)  # drafters of the k_policies runs ([]: the job's)
+    replay: bool = True  # greedy: replay every configuration but the job's own from one plain generation
 
 
 @dataclass

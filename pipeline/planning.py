@@ -13,7 +13,8 @@ from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loo
 
 RUN_KEYS = ["prompt_id", "kind", "drafter", "k_policy", "k"]
 CONFIG_KEYS = ["drafter", "k_policy", "k"]
-TRACE_COLUMNS = ["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s", "rollback_s", "total_s"]
+TRACE_COLUMNS = ["prompt_len", "length", "draft_fed", "draft_calls"]
+LOOP_TIMES = ["draft_s", "verify_s", "rollback_s", "total_s"]  # absent on replayed runs (stage.replay)
 
 
 def pass_models(timing: pd.DataFrame) -> tuple[PassModel, PassModel]:
@@ -27,8 +28,14 @@ def pass_models(timing: pd.DataFrame) -> tuple[PassModel, PassModel]:
     return out[0], out[1]
 
 
+def measured(acc: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs the loop ran for real (a replayed run has counts, not times)."""
+    return acc[~acc.replayed.fillna(False).astype(bool)] if "replayed" in acc else acc
+
+
 def check_traceable(acc: pd.DataFrame) -> None:
     missing = [c for c in TRACE_COLUMNS if c not in acc or acc[c].isna().any()]
+    missing += [c for c in LOOP_TIMES if c not in acc or measured(acc)[c].isna().any()]
     if missing:
         raise ValueError(f"acceptance rows lack {missing}: they were written before the time model; "
                          "rerun the acceptance stage (force=true) to record them")
@@ -58,9 +65,9 @@ def calibrate(timing: pd.DataFrame, acc: pd.DataFrame) -> TimeModel:
     """Pass models from the timing rows, the loop's costs from the acceptance rows' own times."""
     target, draft = pass_models(timing)
     bare = TimeModel(target, draft)
-    runs = traces(acc)
+    runs = traces(measured(acc))
     loop = calibrate_loop(bare, [tr for _, tr, _ in runs],
-                          *([g[c].to_numpy() for _, _, g in runs] for c in ("draft_s", "verify_s", "rollback_s", "total_s")))
+                          *([g[c].to_numpy() for _, _, g in runs] for c in LOOP_TIMES))
     return TimeModel(target, draft, loop)
 
 

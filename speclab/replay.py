@@ -90,6 +90,7 @@ class Replay:
     prompt_len: int
     uses_model: bool
     uses_lookup: bool
+    merged: bool = True  # the replayed loop's prompt rode in its first iteration (``merge_prefill``)
     steps: list[ReplayStep] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # the output (the target's greedy tokens, EOS applied)
 
@@ -119,16 +120,13 @@ class Replay:
         """The time model's view of the run (as ``pipeline.planning.traces`` builds it from acceptance rows)."""
         col = lambda name: np.array([getattr(s, name) for s in self.steps], dtype=int)  # noqa: E731
         return Trace(self.prompt_len, col("proposed"), col("new_tokens"), col("length"), col("draft_fed"),
-                     col("draft_calls"), self.uses_model, self.uses_lookup)
+                     col("draft_calls"), self.uses_model, self.uses_lookup, self.merged)
 
 
-def draft_seen_at_start(prompt_len: int) -> int:
-    """Prompt tokens the draft model holds in its cache before the first iteration.
-
-    ``speclab.step.run_speculative`` prefills the draft with all but the last prompt token, so its
-    first call feeds 1 token. Where the draft's very first call runs the whole prompt instead, this
-    is 0 (that call's ``draft_fed`` is then the prompt length)."""
-    return prompt_len - 1
+def draft_seen_at_start(prompt_len: int, merge_prefill: bool = True) -> int:
+    """Prompt tokens the draft model holds in its cache before the first iteration: none with a merged
+    prefill (its first call runs the whole prompt), all but the last one when prefilled apart."""
+    return 0 if merge_prefill else prompt_len - 1
 
 
 def proposal_cap(max_new_tokens: int, generated: int) -> int:
@@ -158,14 +156,16 @@ def _matching(proposals: Sequence[int], count: int, truth: Sequence[int], start:
 
 
 def replay(prompt: Sequence[int], target: Sequence[int], draft: Sequence[int] | None, drafter: object,
-           k: int | KPolicy, max_new_tokens: int, eos_token_id: int | list[int] | None = None) -> Replay:
+           k: int | KPolicy, max_new_tokens: int, eos_token_id: int | list[int] | None = None,
+           merge_prefill: bool = True) -> Replay:
     """The greedy loop's iterations on one prompt, from the target's greedy tokens alone.
 
     ``target``: the target's greedy tokens after the prompt, up to its EOS or ``max_new_tokens`` (and
     best a few past an EOS: the last iteration may propose beyond it, see ``replay_reference``);
     ``draft``: the draft's greedy choice for each of those tokens given the text before it (None for
     prompt lookup); ``drafter``: a ``ReplayDrafter`` or a loop drafter / draft model to describe;
-    ``k``: a fixed k or a k policy (started here, as the loop starts it).
+    ``k``: a fixed k or a k policy (started here, as the loop starts it); ``merge_prefill``: as the
+    loop's (it decides only the draft's catch-up counts, never what is accepted).
     """
     spec = ReplayDrafter.of(drafter)
     target = [int(t) for t in target]
@@ -178,8 +178,8 @@ def replay(prompt: Sequence[int], target: Sequence[int], draft: Sequence[int] | 
     plen = len(prompt)
     text = torch.tensor([int(t) for t in prompt] + target, dtype=torch.long)
     policies = RowPolicies(k, 1)
-    out = Replay(plen, spec.uses_model, spec.uses_lookup)
-    seen, length, limit = draft_seen_at_start(plen), plen, plen + max_new
+    out = Replay(plen, spec.uses_model, spec.uses_lookup, merge_prefill)
+    seen, length, limit = draft_seen_at_start(plen, merge_prefill), plen, plen + max_new
     while True:
         g = length - plen
         label: Hashable = None

@@ -53,9 +53,10 @@ class GreedyReference:
     def output(self) -> list[int]:
         return self.target[: self.output_len]
 
-    def replay(self, drafter: object, k: int | KPolicy) -> Replay:
+    def replay(self, drafter: object, k: int | KPolicy, merge_prefill: bool = True) -> Replay:
         """The loop's iterations with this drafter (``speclab.replay.ReplayDrafter`` or a loop drafter) and k."""
-        return replay(self.prompt, self.target, self.draft, drafter, k, self.max_new_tokens, self.eos_token_id)
+        return replay(self.prompt, self.target, self.draft, drafter, k, self.max_new_tokens, self.eos_token_id,
+                      merge_prefill)
 
     def replay_all(self, drafter: object, ks: dict[Hashable, int | KPolicy]) -> dict[Hashable, Replay]:
         return {name: self.replay(drafter, k) for name, k in ks.items()}

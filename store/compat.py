@@ -16,7 +16,7 @@ HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "st
                 "k_policy.estimator": "iid", "stage.block_timing_repeats": 0,
                 "stage.best_fixed": False, "stage.policy_drafters": [], "k_policy.condition_on": "none",
                 "k_policy.free_k_min": None, "pair.draft_dtype": "",
-                "merge_prefill": False,
+                "merge_prefill": False, "stage.replay": False,
                 # auto runs the YAML sets raw, as every stored result was; JSONL workloads are newer than the key
                 "prompts.chat_template": "auto"}
 # Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
@@ -41,7 +41,7 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #     layers: every timing file before issue 21). The readers test these for NaN.
 NOT_MEASURED = None
 LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
-                 "with_prompt": False, "merged_prefill": False,
+                 "with_prompt": False, "merged_prefill": False, "replayed": False, "replay_agrees": NOT_MEASURED,
                  **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
                                   "block_draft_step_s", "worst_ratio", "chosen_by", "target_params", "target_bytes",

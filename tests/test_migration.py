@@ -77,18 +77,31 @@ def test_every_file_without_overrides_is_listed_with_its_reason():
     assert len(RECOMPOSABLE) >= 20  # the time-model campaigns and the batch jobs
 
 
-# Every file finished before ``merge_prefill`` existed ran the loop with the prompt prefilled apart: its
-# job is the one that says so (the key's value before it existed is left out of the hash, store/compat.py).
+# Every file finished before ``merge_prefill`` and ``stage.replay`` existed ran the loop with the prompt
+# prefilled apart and ran every acceptance configuration: its job is the one that says so (a key's value
+# before it existed is left out of the hash, store/compat.py).
 MERGED_PREFILL_SINCE = "2026-12-02T02:20:00+00:00"
 
 
 def earlier_conf(meta: dict) -> tuple[list[str], dict | None, str]:
     """What a file's record needs besides its overrides to recompose: ``EARLIER_CONF``'s entry, and
-    ``merge_prefill=false`` for a file measured before the prompt rode in the first iteration."""
+    ``merge_prefill=false`` for a file measured before the prompt rode in the first iteration
+    (``as_before`` then sets the stage's replay off where the stage has one)."""
     extra, frozen, why = EARLIER_CONF.get(meta["config_hash"], ([], None, ""))
-    if meta.get("finished_at", "") < MERGED_PREFILL_SINCE:
+    if predates_merge(meta):
         extra = [*extra, "merge_prefill=false"]
     return extra, frozen, why
+
+
+def predates_merge(meta: dict) -> bool:
+    return meta.get("finished_at", "") < MERGED_PREFILL_SINCE
+
+
+def as_before(cfg, meta: dict) -> None:
+    """A composed job as it ran before ``stage.replay``: every acceptance configuration ran the loop."""
+    if predates_merge(meta) and "replay" in cfg.stage:
+        with open_dict(cfg):
+            cfg.stage.replay = False
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +117,7 @@ def test_recorded_overrides_recompose_to_the_recorded_hash(conf, path):
     extra, frozen, _why = earlier_conf(meta)
     cfg = compose(config_name="config", overrides=[*meta["overrides"], *extra, f"outputs_dir={OUTPUTS}"])
     inputs = meta["inputs"] if "inputs" in meta else frozen
+    as_before(cfg, meta)
     if inputs is not None:
         with open_dict(cfg):
             cfg.inputs = inputs

@@ -34,7 +34,7 @@ from store.layout import STAGES, StoreError, campaigns, stage_paths
 from store.manifest import MANIFEST, is_published, read_manifest, write_manifest
 from store.records import CONTENT_KEY, StageFileError, check_stage_file, open_stage_file, read_meta
 from test_dvc_safety import BIN, copy_repository, run
-from test_migration import earlier_conf
+from test_migration import as_before, earlier_conf
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = ROOT / "outputs"
@@ -53,7 +53,7 @@ def _files(outputs: Path) -> dict[str, tuple[bytes, int]]:
             for p in sorted(outputs.rglob("*")) if p.is_file() and p.relative_to(outputs).parts[0] != ".locks"}
 
 
-def _recorded_jobs() -> list[tuple[list[str], dict | None]]:
+def _recorded_jobs() -> list[tuple[list[str], dict | None, dict]]:
     """Every committed job of a published campaign that its record recomposes (as tests/test_migration.py)."""
     out = []
     for campaign in PUBLISHED:
@@ -62,13 +62,14 @@ def _recorded_jobs() -> list[tuple[list[str], dict | None]]:
             if meta.get("overrides"):
                 extra, frozen, _why = earlier_conf(meta)
                 kept = [o for o in meta["overrides"] if not o.startswith("force=")]  # that refuses: below
-                out.append(([*kept, *extra], meta["inputs"] if "inputs" in meta else frozen))
+                out.append(([*kept, *extra], meta["inputs"] if "inputs" in meta else frozen, meta))
     return out
 
 
-def _compose(overrides: list[str], outputs: Path, inputs: dict | None = None):
+def _compose(overrides: list[str], outputs: Path, inputs: dict | None = None, meta: dict | None = None):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, f"outputs_dir={outputs}", *NO_COMPUTE])
+    as_before(cfg, meta or {})
     if inputs is not None:
         with open_dict(cfg):
             cfg.inputs = inputs
@@ -103,8 +104,8 @@ def test_rerunning_the_published_jobs_computes_and_writes_nothing(copied, no_com
     before = _files(copied)
     recorded = _recorded_jobs()
     assert len(recorded) >= 20
-    for overrides, inputs in [(o, None) for o in REFERENCE_SWEEP] + recorded:
-        cfg = _compose(overrides, copied, inputs)
+    for overrides, inputs, meta in [(o, None, None) for o in REFERENCE_SWEEP] + recorded:
+        cfg = _compose(overrides, copied, inputs, meta)
         run_parts(cfg)
         assert all(output_path(cfg, part).exists() for part in cfg.stage.parts), overrides
     assert _files(copied) == before

@@ -190,23 +190,27 @@ def test_an_off_by_one_in_the_replay_is_caught(monkeypatch, one_torch_thread):
 
     assert _differing(monkeypatch, "finish", eos_late, eos_cases)
     assert _differing(monkeypatch, "finish", lambda t, n, lim, e: real_finish(t, n, lim, set()), eos_cases)
-    assert _differing(monkeypatch, "draft_seen_at_start", lambda n: real_seen(n) - 1, cases)
+    assert _differing(monkeypatch, "draft_seen_at_start", lambda n, merged=True: real_seen(n, merged) + 1, cases)
     assert not _differing(monkeypatch, "finish", real_finish, cases + eos_cases)  # the harness itself agrees
 
 
-def test_trace_and_run_steps(pair):
+@pytest.mark.parametrize("merge_prefill", [True, False])
+def test_trace_and_run_steps(pair, merge_prefill):
     """The replay's Trace has the loop's columns, and a Run's steps (one row) compare like its iterations."""
     target, draft = pair
     prompt = PROMPTS[1]
+    ref = greedy_reference(target, draft, _ids(prompt), 40)
     for drafter in ("model", "hybrid"):
-        run = speculative_generate(target, DRAFTERS[drafter](draft), _ids(prompt), 40, k=HeuristicK())
-        tr = greedy_reference(target, draft, _ids(prompt), 40).replay(DRAFTERS[drafter](draft), HeuristicK()).trace()
+        run = speculative_generate(target, DRAFTERS[drafter](draft), _ids(prompt), 40, k=HeuristicK(),
+                                   merge_prefill=merge_prefill)
+        tr = ref.replay(DRAFTERS[drafter](draft), HeuristicK(), merge_prefill).trace()
         for col, attr in (("proposed", "k"), ("new_tokens", "new_tokens"), ("length", "length"),
                           ("draft_fed", "draft_fed"), ("draft_calls", "draft_calls")):
             assert np.array_equal(getattr(tr, col), [getattr(it, attr) for it in run.iterations]), col
-        assert tr.uses_model and tr.uses_lookup == (drafter == "hybrid")
-        # The draft's first call catches up what its prefill left (today: the last prompt token).
-        assert tr.draft_fed[0] == len(prompt) - rp.draft_seen_at_start(len(prompt))
+        assert tr.uses_model and tr.uses_lookup == (drafter == "hybrid") and tr.merged == merge_prefill
+        # The draft's first call runs what it has not seen: the whole prompt (merged) or its last token.
+        if drafter == "model":
+            assert tr.draft_fed[0] == (len(prompt) if merge_prefill else 1)
     steps = run_speculative(target, draft, [_ids(prompt)[0]], 40, 3, GREEDY, None, None, accept_sample, None)
     agreement = compare(greedy_reference(target, draft, _ids(prompt), 40).replay(draft, 3), steps)
     assert agreement.exact and agreement.agree == len(steps.steps)

@@ -6,13 +6,16 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from pipeline.context import StageContext
+from pipeline.context import StageContext, job_k_max
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, ks_label, run_name, sampling_config, stage_ks
 from speclab.acceptance import alpha_hat
 from speclab.cost_model import expected_tokens_per_iteration
 from speclab.loop import speculative_generate
+from speclab.replay import Replay
+from speclab.replay_check import loop_iterations
+from speclab.replay_reference import greedy_reference
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
@@ -23,7 +26,12 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_len", "int32"), ("length", "int32"), ("draft_fed", "int32"), ("draft_calls", "int32"),
     ("draft_s", "float64"), ("verify_s", "float64"), ("rollback_s", "float64"), ("total_s", "float64"),
     ("prefill_s", "float64"), ("wall_s", "float64"), ("with_prompt", "bool"),
+    # stage.replay (greedy): rows replayed from one plain generation and one teacher-forced draft pass
+    # (speclab.replay; no times), and on the one configuration each prompt also runs for real, whether
+    # the replay's iteration equals the loop's (1/0; NaN where not compared).
+    ("replayed", "bool"), ("replay_agrees", "float64"),
 ])
+TIME_COLUMNS = ["draft_s", "verify_s", "rollback_s", "total_s", "prefill_s", "wall_s"]
 
 
 def position_acceptance(df: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -61,30 +69,80 @@ def configurations(cfg: DictConfig) -> list[tuple[str, str, int]]:
     return [(d, policy, k) for d in drafters for k in ks] + [(d, p, int(cfg.k)) for d in with_policies for p in extra]
 
 
+def replays(cfg: DictConfig, sampling) -> bool:
+    """Greedy acceptance from replays (``stage.replay``): sampling runs the loop every time."""
+    return bool(cfg.stage.get("replay")) and not sampling.do_sample
+
+
+def measured_configurations(cfg: DictConfig, confs: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """The configurations every prompt runs for real when the others are replayed: one per drafter (the
+    job's policy at the job's k where the job runs it, else that drafter's first), so each drafter's
+    in-loop costs (a lookup, a catch-up) are timed for a time model, and each checks the replay."""
+    policy, k = str(cfg.k_policy.name), int(cfg.k)
+    out = []
+    for d in dict.fromkeys(c[0] for c in confs):
+        mine = [c for c in confs if c[0] == d]
+        out.append((d, policy, k) if (d, policy, k) in mine else mine[0])
+    return out
+
+
 def run(ctx: StageContext) -> StageOutput:
     cfg, pair = ctx.cfg, ctx.pair
     sampling = sampling_config(cfg)
     gen = generator(ctx)
+    n_new, merged = int(cfg.max_new_tokens), bool(cfg.merge_prefill)
+    confs = configurations(cfg)
+    replay_on = replays(cfg, sampling)
+    real = measured_configurations(cfg, confs) if replay_on else confs
+    refs = {}
+    if replay_on:  # one plain generation and one teacher-forced draft pass per prompt
+        for prompt in tqdm(ctx.prompts, desc="acceptance: greedy references for the replay", leave=False):
+            refs[prompt.id] = greedy_reference(pair.target, pair.draft, ctx.inputs[prompt.id], n_new, pair.eos_token_id,
+                                               lookahead=job_k_max(cfg) + 1)
     rows = []
-    for drafter_name, policy_name, k in configurations(cfg):
+    for conf in [c for c in confs if c in real] + [c for c in confs if c not in real]:
+        drafter_name, policy_name, k = conf
         for prompt in tqdm(ctx.prompts, desc=f"acceptance {drafter_name} {policy_name} k={k}", leave=False):
             ids = ctx.inputs[prompt.id]
+            common = {**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k, "drafter": drafter_name,
+                      "k_policy": policy_name, "do_sample": sampling.do_sample, "temperature": sampling.temperature,
+                      "top_k": sampling.top_k, "top_p": sampling.top_p, "prompt_len": ids.shape[1]}
             s = ctx.strategy(k, drafter_name, policy_name)
-            res = speculative_generate(pair.target, s.drafter, ids, int(cfg.max_new_tokens), k=s.policy,
-                                       sampling=sampling, eos_token_id=pair.eos_token_id, generator=gen,
-                                       merge_prefill=bool(cfg.merge_prefill))
-            for i, it in enumerate(res.iterations):
-                rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
-                             "drafter": drafter_name, "k_policy": policy_name,
-                             "do_sample": sampling.do_sample, "temperature": sampling.temperature,
-                             "top_k": sampling.top_k, "top_p": sampling.top_p, "iteration": i,
-                             "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
-                             "new_tokens": it.new_tokens, "prompt_len": ids.shape[1], "length": it.length,
-                             "draft_fed": it.draft_fed, "draft_calls": it.draft_calls, "draft_s": it.draft_s,
-                             "verify_s": it.verify_s, "rollback_s": it.rollback_s, "total_s": it.total_s,
-                             "prefill_s": res.prefill_s, "wall_s": res.wall_s, "with_prompt": it.with_prompt})
+            if conf not in real:
+                rows += replay_rows(refs[prompt.id].replay(s.drafter, s.policy, merged), common)
+                continue
+            res = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy, sampling=sampling,
+                                       eos_token_id=pair.eos_token_id, generator=gen, merge_prefill=merged)
+            agrees = [float("nan")] * len(res.iterations)
+            if replay_on:  # the same configuration replayed: where it differs (an fp near-tie), it is counted
+                fresh = ctx.strategy(k, drafter_name, policy_name)  # a policy's state starts anew
+                agrees = iteration_agreement(refs[prompt.id].replay(fresh.drafter, fresh.policy, merged), res.iterations)
+            for i, (it, ag) in enumerate(zip(res.iterations, agrees)):
+                rows.append({**common, "iteration": i, "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
+                             "new_tokens": it.new_tokens, "length": it.length, "draft_fed": it.draft_fed,
+                             "draft_calls": it.draft_calls, "draft_s": it.draft_s, "verify_s": it.verify_s,
+                             "rollback_s": it.rollback_s, "total_s": it.total_s, "prefill_s": res.prefill_s,
+                             "wall_s": res.wall_s, "with_prompt": it.with_prompt, "replayed": False,
+                             "replay_agrees": ag})
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
+
+
+def replay_rows(rep: Replay, common: dict) -> list[dict]:
+    """A replayed run's rows: the loop's counts, no times."""
+    return [{**common, "iteration": i, "proposed": st.proposed, "accepted": st.accepted,
+             "bonus": 0 < st.proposed == st.accepted, "new_tokens": st.new_tokens, "length": st.length,
+             "draft_fed": st.draft_fed, "draft_calls": st.draft_calls, **dict.fromkeys(TIME_COLUMNS, float("nan")),
+             "with_prompt": i == 0 and rep.merged, "replayed": True, "replay_agrees": float("nan")}
+            for i, st in enumerate(rep.steps)]
+
+
+def iteration_agreement(rep: Replay, iterations: list) -> list[float]:
+    """1.0 where the replay's iteration i equals the loop's in every count, 0.0 where not."""
+    fields = ("length", "proposed", "accepted", "new_tokens", "draft_fed", "draft_calls")
+    loop = loop_iterations(iterations)
+    mine = [{f: getattr(st, f) for f in fields} for st in rep.steps]
+    return [float(i < len(mine) and all(mine[i][f] == it[f] for f in fields)) for i, it in enumerate(loop)]
 
 
 def describe(cfg: DictConfig) -> str:
@@ -123,4 +181,12 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     jobs_alpha = alpha(df)
     metrics = {"alpha_all_k": jobs_alpha, "iterations": len(df), **single_arm_metrics(
         [a for a in arms if a.params["kind"] == "all"] or arms)}
+    if "replayed" in df and df.replayed.fillna(False).astype(bool).any():
+        checked = df.replay_agrees.dropna()
+        metrics.update(replayed_share=float(df.replayed.astype(bool).mean()), replay_checked=len(checked),
+                       replay_mismatches=int((checked == 0).sum()))
+        summary.append(f"replay: {100 * metrics['replayed_share']:.0f}% of the iterations replayed from one plain "
+                       f"generation and one draft pass per prompt; on the configuration run for real, "
+                       f"{metrics['replay_mismatches']} of {len(checked)} iterations differ from the replay "
+                       "(an fp near-tie between the teacher-forced and the cached passes)")
     return StageOutput(df, metrics, summary, arms)
