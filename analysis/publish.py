@@ -25,7 +25,8 @@ from store.identity import flatten
 from store.records import UNKNOWN_COMMIT, git_commit
 
 # Tables logged with mlflow.log_table (readable and comparable in the MLflow UI).
-TABLES = ("speed_points", "acceptance_table", "predictor_errors", "best_k", "strategy_comparison", "drift")
+TABLES = ("speed_points", "acceptance_table", "predictor_errors", "best_k", "strategy_comparison", "drift",
+          "spec_bench_table")
 
 
 def numeric_metrics(tree: dict) -> dict[str, float]:

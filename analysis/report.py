@@ -170,6 +170,7 @@ def build_report(params: dict) -> str:
               "<details><summary>every test</summary>\n\n", markdown_table(tests, ".3g"), "</details>\n"]
     s += batch_section(t["batch_costs"], t["batch_speedups"], t["batch_model_error"], figs, report)
     s += pair_campaign_section(params)
+    s += spec_bench_section(params)
     s += jobs_section(jobs, campaign)
     return "\n".join(s)
 
@@ -184,6 +185,18 @@ def pair_campaign_section(params: dict) -> list[str]:
     if not path.is_file():
         return [f"## Pair campaign {campaign}\n", "_no section yet: run `python -m analysis.pair_section` "
                                                    "(or `dvc repro`)_\n"]
+    return [path.read_text().rstrip("\n") + "\n"]
+
+
+def spec_bench_section(params: dict) -> list[str]:
+    """The Spec-Bench table's section, as analysis.spec_bench wrote it; none without spec_bench_campaign."""
+    if not params.get("spec_bench_campaign"):
+        return []
+    path = Path(params["analysis_dir"]) / "spec_bench" / "section.md"
+    if not path.is_file():
+        return ["## Spec-Bench workloads
+", "_no section yet: run `python -m analysis.spec_bench` (or `dvc repro`)_
+"]
     return [path.read_text().rstrip("\n") + "\n"]
 
 

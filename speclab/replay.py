@@ -2,7 +2,7 @@
 
 Greedy speculative output is the target's plain greedy output, so every decision the loop takes
 follows from two sequences: the target's greedy tokens and, for a draft model, the draft's greedy
-choice at every position of that text (one teacher-forced pass: ``speclab.replay_reference``).
+choice at every position of that text (one step a token: ``speclab.replay_reference``).
 A greedy draft's proposals equal the target's tokens up to its first disagreement (it continues its
 own proposals, which are the target's while they match), so an iteration at length L with c model
 proposals accepts the number of consecutive positions from L where the draft's choice equals the

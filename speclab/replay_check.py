@@ -1,8 +1,9 @@
 """A replay (``speclab.replay``) against the real loop's iterations: how many agree, and the first that does not.
 
 Greedy replay is exact up to floating point: where the target's (or the draft's) two best logits are
-a near-tie, the loop's multi-token passes can pick the other token than the plain step or the
-teacher-forced pass did. From the first such iteration on, both sides follow different texts, so the
+a near-tie, the loop's multi-token passes can pick the other token than the plain step or the draft's
+reference steps did, and a dynamically quantized draft's multi-token calls are not its steps. From the
+first such iteration on, both sides follow different texts (and a k policy different choices), so the
 count of differing iterations is reported together with the first one and what differed there.
 """
 from __future__ import annotations

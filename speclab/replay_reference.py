@@ -7,10 +7,31 @@ from typing import Hashable
 
 import torch
 
+from speclab.cache import forward_logits, new_cache
 from speclab.checks import eos_ids
 from speclab.k_policy import KPolicy
 from speclab.loop import plain_greedy
 from speclab.replay import Replay, replay
+
+
+@torch.inference_mode()
+def draft_choices_stepwise(draft: torch.nn.Module, prompt_ids: torch.Tensor, tokens: list[int]) -> list[int]:
+    """The draft's greedy choice for each of ``tokens`` as the loop's draft computes it: the prompt in one
+    call (the merged prefill's first draft call), then one token a call on a KV cache.
+
+    A teacher-forced pass over the whole text (``draft_choices``) is one call, but a dynamically quantized
+    draft (int8: activations quantized with one scale per call) then sees other activation scales than in
+    the loop, and its choices move far beyond fp near-ties (on SmolLM2's int8 draft, most iterations'
+    counts differ). Stepwise, only the loop's two-token catch-up calls still differ from it."""
+    if not tokens:
+        return []
+    cache = new_cache(draft)
+    out = [int(forward_logits(draft, prompt_ids.long(), cache, 1)[-1].argmax())]
+    step = torch.empty((1, 1), dtype=torch.long, device=prompt_ids.device)
+    for t in tokens[:-1]:
+        step.fill_(t)
+        out.append(int(forward_logits(draft, step, cache, 1)[-1].argmax()))
+    return out
 
 
 @torch.inference_mode()
@@ -64,11 +85,16 @@ class GreedyReference:
 
 def greedy_reference(target: torch.nn.Module, draft: torch.nn.Module | None, prompt_ids: torch.Tensor,
                      max_new_tokens: int, eos_token_id: int | list[int] | None = None,
-                     lookahead: int = 10) -> GreedyReference:
-    """One plain greedy generation of the target and one teacher-forced pass of the draft over it.
+                     lookahead: int = 10, draft_pass: str = "stepwise") -> GreedyReference:
+    """One plain greedy generation of the target and the draft's choices over it.
 
     ``lookahead``: tokens generated past an early EOS; a replay with k up to lookahead + 1 then knows
-    every verdict of its last iteration (``Replay.complete``)."""
+    every verdict of its last iteration (``Replay.complete``). ``draft_pass``: "stepwise" (one draft step
+    a token, as the loop runs it: ``draft_choices_stepwise``) or "teacher_forced" (one pass; exact up to
+    fp near-ties for a draft whose output does not depend on what else is in the call)."""
+    passes = {"stepwise": draft_choices_stepwise, "teacher_forced": draft_choices}
+    if draft_pass not in passes:
+        raise ValueError(f"draft_pass={draft_pass!r} is not allowed: use one of {sorted(passes)}")
     tokens, n_out = target_tokens(target, prompt_ids, max_new_tokens, eos_token_id, lookahead)
-    choices = None if draft is None else draft_choices(draft, prompt_ids, tokens)
+    choices = None if draft is None else passes[draft_pass](draft, prompt_ids, tokens)
     return GreedyReference(prompt_ids[0].tolist(), tokens, choices, n_out, max_new_tokens, eos_token_id)

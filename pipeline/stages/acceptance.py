@@ -26,7 +26,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_len", "int32"), ("length", "int32"), ("draft_fed", "int32"), ("draft_calls", "int32"),
     ("draft_s", "float64"), ("verify_s", "float64"), ("rollback_s", "float64"), ("total_s", "float64"),
     ("prefill_s", "float64"), ("wall_s", "float64"), ("with_prompt", "bool"),
-    # stage.replay (greedy): rows replayed from one plain generation and one teacher-forced draft pass
+    # stage.replay (greedy): rows replayed from one plain generation and one stepwise draft pass
     # (speclab.replay; no times), and on the one configuration each prompt also runs for real, whether
     # the replay's iteration equals the loop's (1/0; NaN where not compared).
     ("replayed", "bool"), ("replay_agrees", "float64"),
@@ -95,7 +95,7 @@ def run(ctx: StageContext) -> StageOutput:
     replay_on = replays(cfg, sampling)
     real = measured_configurations(cfg, confs) if replay_on else confs
     refs = {}
-    if replay_on:  # one plain generation and one teacher-forced draft pass per prompt
+    if replay_on:  # one plain generation and one stepwise draft pass per prompt
         for prompt in tqdm(ctx.prompts, desc="acceptance: greedy references for the replay", leave=False):
             refs[prompt.id] = greedy_reference(pair.target, pair.draft, ctx.inputs[prompt.id], n_new, pair.eos_token_id,
                                                lookahead=job_k_max(cfg) + 1)
@@ -188,5 +188,5 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
         summary.append(f"replay: {100 * metrics['replayed_share']:.0f}% of the iterations replayed from one plain "
                        f"generation and one draft pass per prompt; on the configuration run for real, "
                        f"{metrics['replay_mismatches']} of {len(checked)} iterations differ from the replay "
-                       "(an fp near-tie between the teacher-forced and the cached passes)")
+                       "(an fp near-tie, or a dynamically quantized draft's multi-token catch-up call)")
     return StageOutput(df, metrics, summary, arms)
