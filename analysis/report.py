@@ -194,9 +194,7 @@ def spec_bench_section(params: dict) -> list[str]:
         return []
     path = Path(params["analysis_dir"]) / "spec_bench" / "section.md"
     if not path.is_file():
-        return ["## Spec-Bench workloads
-", "_no section yet: run `python -m analysis.spec_bench` (or `dvc repro`)_
-"]
+        return ["## Spec-Bench workloads\n", "_no section yet: run `python -m analysis.spec_bench` (or `dvc repro`)_\n"]
     return [path.read_text().rstrip("\n") + "\n"]
 
 

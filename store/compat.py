@@ -48,6 +48,10 @@ LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "promp
                                   "target_layers", "draft_params", "draft_bytes", "draft_layers"], NOT_MEASURED)}
 
 
+# Loop facts of one stage's rows: filled in that stage's older files, never added to other tables.
+FILLED_WHERE_PRESENT = {"with_prompt", "merged_prefill", "replayed"}
+
+
 def hash_neutral(key: str, value: object, stage: str) -> bool:
     """Whether ``key`` at ``value`` stays out of a ``stage`` job's hash (its value before the key existed)."""
     return key in HASH_NEUTRAL and value == HASH_NEUTRAL[key] and stage in NEUTRAL_ONLY_FOR.get(key, (stage,))
@@ -73,6 +77,8 @@ def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
     then stays absent, or NaN where other files have it)."""
     for col, value in LATER_COLUMNS.items():
         if value is NOT_MEASURED:
+            continue
+        if col in FILLED_WHERE_PRESENT and col not in df:  # their readers treat absence as the old value
             continue
         if col not in df:
             df[col] = value

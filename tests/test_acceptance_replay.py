@@ -56,3 +56,13 @@ def test_the_time_model_calibrates_on_measured_runs_and_predicts_every_run(both,
 def test_sampling_runs_the_loop_every_time(tmp_path):
     rows = _rows(tmp_path, "t07", "stage.replay=true", "sampling=t07", "stage.drafters=[model]", "stage.k_policies=[]")
     assert not rows.replayed.any() and rows.verify_s.notna().all()
+
+
+def test_loop_facts_are_filled_in_their_own_tables_only():
+    """A plan or timing table never gains the loop's columns; an older acceptance file gets their old value."""
+    from store.compat import with_defaults
+
+    plan = with_defaults(pd.DataFrame({"kind": ["code"], "drafter": ["model"], "k_policy": ["fixed"]}))
+    assert not {"with_prompt", "merged_prefill", "replayed"} & set(plan.columns)
+    old = with_defaults(pd.DataFrame({"replayed": [None, True], "with_prompt": [None, False]}))
+    assert old.replayed.tolist() == [False, True] and old.with_prompt.tolist() == [False, False]
