@@ -60,6 +60,17 @@ def loop_iterations(run: GenerationResult | Run | Sequence[IterationStats] | Seq
     return out
 
 
+def differences(replayed: Replay, loop: list[dict[str, int]]) -> list[list[str]]:
+    """Per loop iteration (``loop_iterations``), the fields where the replay's iteration differs ([]: equal;
+    a loop iteration the replay lacks differs in every field)."""
+    out = []
+    for i, rec in enumerate(loop):
+        r = replayed.steps[i] if i < len(replayed.steps) else None
+        out.append([f"{f}: replay {None if r is None else getattr(r, f)}, loop {rec[f]}" for f in FIELDS
+                    if f in rec and (r is None or getattr(r, f) != rec[f])])
+    return out
+
+
 def compare(replayed: Replay, run: GenerationResult | Run | Sequence[IterationStats] | Sequence[Step],
             row: int = 0, tokens: list[int] | None = None) -> Agreement:
     """Replayed iterations against the loop's, field by field (``FIELDS`` that the loop recorded).
@@ -71,8 +82,7 @@ def compare(replayed: Replay, run: GenerationResult | Run | Sequence[IterationSt
     elif tokens is None and isinstance(run, Run) and run.tokens:
         tokens = run.tokens[row]
     agree, first, detail = 0, None, ""
-    for i, (r, rec) in enumerate(zip(replayed.steps, loop)):
-        diff = [f"{f}: replay {getattr(r, f)}, loop {rec[f]}" for f in FIELDS if f in rec and getattr(r, f) != rec[f]]
+    for i, diff in enumerate(differences(replayed, loop[: len(replayed.steps)])):
         if diff:
             first, detail = (i, "; ".join(diff)) if first is None else (first, detail)
         else:

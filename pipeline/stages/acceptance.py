@@ -14,7 +14,7 @@ from speclab.acceptance import alpha_hat
 from speclab.cost_model import expected_tokens_per_iteration
 from speclab.loop import speculative_generate
 from speclab.replay import Replay
-from speclab.replay_check import loop_iterations
+from speclab.replay_check import differences, loop_iterations
 from speclab.replay_reference import greedy_reference
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
@@ -139,10 +139,7 @@ def replay_rows(rep: Replay, common: dict) -> list[dict]:
 
 def iteration_agreement(rep: Replay, iterations: list) -> list[float]:
     """1.0 where the replay's iteration i equals the loop's in every count, 0.0 where not."""
-    fields = ("length", "proposed", "accepted", "new_tokens", "draft_fed", "draft_calls")
-    loop = loop_iterations(iterations)
-    mine = [{f: getattr(st, f) for f in fields} for st in rep.steps]
-    return [float(i < len(mine) and all(mine[i][f] == it[f] for f in fields)) for i, it in enumerate(loop)]
+    return [float(not diff) for diff in differences(rep, loop_iterations(iterations))]
 
 
 def describe(cfg: DictConfig) -> str:
