@@ -62,6 +62,12 @@ def read_stage(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFra
     return df.assign(campaign=campaign)
 
 
+def bootstrap_settings(params: dict) -> dict:
+    """params.yaml's ``bootstrap:`` as the keyword arguments of ``bootstrap_ci`` (samples, seed, level)."""
+    b = params["bootstrap"]
+    return {"samples": int(b["samples"]), "seed": int(b["seed"]), "level": float(b["level"])}
+
+
 def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: int = 0,
                  level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of ``stat`` (``scipy.stats.bootstrap``; fixed seed: same data, same interval).

@@ -12,8 +12,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import (bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_csv,
-                             save_figure, save_table, speedup_panels)
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, published_campaign, read_stage,
+                             run_script, save_csv, save_figure, save_table, speedup_panels)
 from analysis.drift import drop_drifted, read_drift
 from analysis.inputs import AnalysisError
 from speclab.cost_model import expected_tokens_per_iteration
@@ -151,8 +151,7 @@ def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
     plots = Path(params["metrics_dir"]) / "plots"
-    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
-            "level": float(params["bootstrap"]["level"])}
+    boot = bootstrap_settings(params)
     campaign = published_campaign(params)
     acc = read_stage(params["outputs_dir"], "acceptance", campaign)
     speed = read_stage(params["outputs_dir"], "speed", campaign)

@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.breakeven import after_prompt, c_verify_for, cost_ratios
-from analysis.common import load_params, markdown_table, read_stage, run_script, save_csv, save_json
+from analysis.common import (bootstrap_settings, load_params, markdown_table, read_stage, run_script, save_csv,
+                             save_json)
 from analysis.drift import drift_table, drop_drifted
 from analysis.fit import acceptance_table, alpha_hat, formula_acceptance, formula_speed, speed_points
 from analysis.inputs import AnalysisError, campaign_dir
@@ -391,8 +392,7 @@ def main() -> None:
     campaign = params.get("pair_campaign")
     if not campaign:
         raise AnalysisError("params.yaml names no pair_campaign: add `pair_campaign: <campaign>`")
-    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
-            "level": float(params["bootstrap"]["level"])}
+    boot = bootstrap_settings(params)
     data = read_campaign(params["outputs_dir"], campaign, boot)
     sec = build(data, params, boot)
     text = markdown(sec, data)

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import bootstrap_ci, load_params, markdown_table, run_script, save_table, with_defaults
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, run_script, save_table,
+                             with_defaults)
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
 from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
 from store.plans import latest_plan, latest_plan_campaign
@@ -258,8 +259,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="also store the tables in the analysis folder")
     args = ap.parse_args()
     params = load_params()
-    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
-            "level": float(params["bootstrap"]["level"])}
+    boot = bootstrap_settings(params)
     campaign = args.campaign or latest_campaign(params["outputs_dir"])
     rec = recommendation(params["outputs_dir"], campaign, boot)
     if rec is None:

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import (bootstrap_ci, load_params, markdown_table, read_stage, run_script, save_json,
-                             save_table)
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, read_stage, run_script,
+                             save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
 from analysis.recommend import config_label, read_plans
@@ -147,8 +147,7 @@ def main() -> None:
     campaign = params.get("spec_bench_campaign")
     if not campaign:
         raise AnalysisError("params.yaml names no spec_bench_campaign: add `spec_bench_campaign: <campaign>`")
-    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
-            "level": float(params["bootstrap"]["level"])}
+    boot = bootstrap_settings(params)
     outputs = params["outputs_dir"]
     campaign_dir(outputs, campaign)
     speed = read_stage(outputs, "speed", campaign) if layout.stage_paths(outputs, campaign, "speed") else pd.DataFrame()

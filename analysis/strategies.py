@@ -12,8 +12,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import pyplot as plt
 
-from analysis.common import (bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_figure,
-                             save_table)
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, published_campaign, read_stage,
+                             run_script, save_figure, save_table)
 from analysis.drift import drop_drifted, read_drift
 from analysis.fit import alpha_hat
 from analysis.inputs import AnalysisError
@@ -172,8 +172,7 @@ def main() -> None:
     if speed.empty or acc.empty:
         raise AnalysisError(f"needs speed and acceptance results in campaign {campaign!r}; run "
                             f"`python -m pipeline.run +sweep=all campaign={campaign}`")
-    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
-            "level": float(params["bootstrap"]["level"])}
+    boot = bootstrap_settings(params)
     if params["drift"]["exclude"]:
         speed = drop_drifted(speed, read_drift(params, speed))
     table = strategy_table(speed)

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
 
-from analysis.common import (bootstrap_ci, load_params, read_stage, run_script, save_csv, save_figure, save_json,
-                             save_table, speedup_panels)
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read_stage, run_script, save_csv,
+                             save_figure, save_json, save_table, speedup_panels)
 from analysis.inputs import AnalysisError
 from pipeline.planning import bootstrap_median, calibrate, predict_at_blocks, predict_runs
 from speclab.estimators import alpha_hat
@@ -256,8 +256,7 @@ def validate(timing: pd.DataFrame, acc: pd.DataFrame, speed: pd.DataFrame, job: 
 def main() -> None:
     params = load_params()
     out, figs = Path(params["analysis_dir"]), Path(params["figures_dir"])
-    boot = {"samples": int(params["bootstrap"]["samples"]), "seed": int(params["bootstrap"]["seed"]),
-            "level": float(params["bootstrap"]["level"])}
+    boot = bootstrap_settings(params)
     campaign = params["time_model"]["campaign"]
     timing, acc, speed = (read_stage(params["outputs_dir"], s, campaign) for s in ("timing", "acceptance", "speed"))
     if timing.empty or acc.empty or speed.empty:
