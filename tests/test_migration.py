@@ -18,6 +18,7 @@ from omegaconf import open_dict
 from pipeline.config_schema import register
 from pipeline.jobs import config_hash, output_path
 from store.layout import STAGES, campaigns, stage_paths
+from store.manifest import is_published
 from store.records import read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,10 @@ EARLIER_CONF = {
 
 
 def _stage_files() -> list[Path]:
-    return [p for c in campaigns(OUTPUTS) for s in STAGES for p in stage_paths(OUTPUTS, c, s)]
+    """The committed stage files: those of the published campaigns (a user's `scratch` runs, git-ignored, are
+    not records to recompose: `make run` before `make test` leaves some)."""
+    return [p for c in campaigns(OUTPUTS) if is_published(OUTPUTS / "campaigns" / c)
+            for s in STAGES for p in stage_paths(OUTPUTS, c, s)]
 
 
 def _key(path: Path) -> str:
