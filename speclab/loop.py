@@ -33,6 +33,8 @@ class IterationStats:
     draft_calls: int = 0  # draft model forward calls
     target_fed: int = 0  # tokens in the target's verification pass (proposals + 1, plus the prompt if merged)
     with_prompt: bool = False  # the iteration's passes also processed the prompt (a merged prefill)
+    tree_nodes: int = 0  # proposals of a tree draft, all checked in one pass (0: a chain, whose k is its size)
+    draft_widths: list[int] = field(default_factory=list)  # a tree draft's model calls, in tokens each
 
     @property
     def checked(self) -> int:
