@@ -171,6 +171,7 @@ def build_report(params: dict) -> str:
     s += batch_section(t["batch_costs"], t["batch_speedups"], t["batch_model_error"], figs, report)
     s += pair_campaign_section(params)
     s += spec_bench_section(params)
+    s += trees_section(params)
     s += jobs_section(jobs, campaign)
     return "\n".join(s)
 
@@ -185,6 +186,16 @@ def pair_campaign_section(params: dict) -> list[str]:
     if not path.is_file():
         return [f"## Pair campaign {campaign}\n", "_no section yet: run `python -m analysis.pair_section` "
                                                    "(or `dvc repro`)_\n"]
+    return [path.read_text().rstrip("\n") + "\n"]
+
+
+def trees_section(params: dict) -> list[str]:
+    """The tree-vs-chain section, as analysis.trees wrote it; none without trees_campaign."""
+    if not params.get("trees_campaign"):
+        return []
+    path = Path(params["analysis_dir"]) / "trees" / "section.md"
+    if not path.is_file():
+        return ["## Tree-shaped drafts vs chains\n", "_no section yet: run `python -m analysis.trees` (or `dvc repro`)_\n"]
     return [path.read_text().rstrip("\n") + "\n"]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from pipeline.trees import EXAMPLES, parse_tree
 from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from speclab.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, default_of
 from store.layout import NAME  # a campaign or pair name
@@ -122,6 +123,7 @@ class TimingStage(StageBase):
     prompts_to_time: int = 1
     context_extra: list[int] = field(default_factory=lambda: [0])
     prefill: bool = False
+    tree_nodes: list[int] = field(default_factory=list)  # the target's pass over 1 + n tree nodes (a 4D mask), per n
 
 
 @dataclass
@@ -150,6 +152,7 @@ class SpeedStage(KsStage):
     recommended: bool = False
     best_fixed: bool = False
     block_timing_repeats: int = 0
+    trees: list[str] = field(default_factory=list)  # tree arms, e.g. static:3-2-1-1 (pipeline/trees.py)
 
 
 @dataclass
@@ -285,6 +288,16 @@ def _positive_or_null() -> Check:
     return (lambda v: v is None or (isinstance(v, (int, float)) and v > 0)), "null (measure it) or a number > 0"
 
 
+def _tree_specs(v: Any) -> bool:
+    if not isinstance(v, (list, ListConfig)):
+        return False
+    try:
+        [parse_tree(x) for x in v]
+    except ValueError:
+        return False
+    return True
+
+
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # more only costs memory (threads=100000 ran out of it)
 MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; stages add small offsets to the seed
@@ -346,6 +359,8 @@ CHECKS: dict[str, Check] = {
     "stage.policy_drafters": _subset_of(*DRAFTERS),
     "stage.drafter_ks": _ints_at_least(1),
     "stage.context_extra": _ints_at_least(0, nonempty=True),
+    "stage.tree_nodes": _ints_at_least(1),
+    "stage.trees": (_tree_specs, f"a list of tree specs, e.g. [{EXAMPLES}]"),
     "stage.bootstrap": _int_at_least(100),
     "stage.level": _number_in(0, 1, lo_open=True, hi_open=True),
     "stage.peer_modes": _subset_of("matched", "default", "lookup"),

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from speclab.cache import crop_to, forward_logits, new_cache
 from speclab.timing import Stopwatch
+from speclab.tree import attention_rows, tree_forward
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,43 @@ def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: l
             if rep >= warmup:
                 samples[n].append(sw.seconds)
     return [_summary(n, samples[n]) for n in pass_lengths]
+
+
+def tree_pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, node_counts: list[int], repeats: int = 20,
+                    warmup: int = 3) -> list[PassTiming]:
+    """Median time of the target's tree verification after the prompt, per number of nodes n: one pass over
+    the last context token and n nodes of a binary tree, with the 4D tree mask and explicit position ids
+    (``speclab.tree_loop``). ``pass_len`` is n + 1, as a chain's pass over k proposals has k + 1 tokens.
+    Counts are interleaved round by round, as in ``pass_times``."""
+    if any(n < 1 for n in node_counts):
+        raise ValueError(f"tree node counts {node_counts} are not allowed: each must be >= 1")
+    device = prompt_ids.device
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    cache = new_cache(model)
+    forward_logits(model, prompt_ids[:1, :-1], cache, 1)
+    ctx = cache.get_seq_length()
+    nodes = torch.randint(0, model.config.vocab_size, (max(node_counts),), generator=gen).to(device)
+    inputs = {}
+    for n in node_counts:
+        parents = [i // 2 - 1 for i in range(n)]  # two children per node, breadth first
+        depth = []
+        for p in parents:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        ancestors = []
+        for i, p in enumerate(parents):
+            ancestors.append(([] if p < 0 else ancestors[p] + [p]))
+        allow = attention_rows(ctx, 0, [[ctx + 1 + a for a in anc] for anc in ancestors], 1)
+        inputs[n] = (torch.cat([prompt_ids[0, -1:], nodes[:n]]), allow, [ctx] + [ctx + d for d in depth])
+    samples: dict[int, list[float]] = {n: [] for n in node_counts}
+    for rep in range(warmup + repeats):
+        for n in node_counts:
+            sw = Stopwatch(device)
+            with sw:
+                tree_forward(model, cache, *inputs[n], n + 1)
+            crop_to(cache, ctx)
+            if rep >= warmup:
+                samples[n].append(sw.seconds)
+    return [_summary(n + 1, samples[n]) for n in node_counts]
 
 
 def prefill_times(model: torch.nn.Module, prompt_ids: torch.Tensor, lengths: list[int], repeats: int = 10,

@@ -16,7 +16,7 @@ HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "st
                 "k_policy.estimator": "iid", "stage.block_timing_repeats": 0,
                 "stage.best_fixed": False, "stage.policy_drafters": [], "k_policy.condition_on": "none",
                 "k_policy.free_k_min": None, "pair.draft_dtype": "",
-                "merge_prefill": False, "stage.replay": False,
+                "merge_prefill": False, "stage.replay": False, "stage.trees": [], "stage.tree_nodes": [],
                 # auto runs the YAML sets raw, as every stored result was; JSONL workloads are newer than the key
                 "prompts.chat_template": "auto"}
 # Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
@@ -33,14 +33,19 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #     (``with_defaults`` also names plain decoding's drafter and policy "none");
 #   top_p 1.0, top_k 0: no nucleus or top-k filter (acceptance files of `reference` before sampling knobs);
 #   with_prompt / merged_prefill False: every loop before merge_prefill prefilled the prompt apart;
+#   tree_nodes 0: every speed run before tree arms (stage.trees) was a chain;
 #   None (null, NaN in pandas): not measured by the code of the time, so no value stands in for it:
 #     acceptance's per-iteration context and timings (prompt_len ... wall_s: 6 of the 9 `reference` acceptance
 #     files), speed's block step times (16 `reference` and 2 `timemodel` files, written before
 #     stage.block_timing_repeats), a plan's worst_ratio and chosen_by (one plan each of `timemodel` and
 #     `timemodel2`, written before the robust choice), timing's model sizes (target_/draft_ params, bytes,
-#     layers: every timing file before issue 21). The readers test these for NaN.
+#     layers: every timing file before issue 21), speed's counts by depth and by pass width (checked_by_depth,
+#     accepted_by_depth, draft_calls_by_width, passes_by_width, loop_new_tokens: every speed file before tree arms).
+#     The readers test these for NaN.
 NOT_MEASURED = None
-LATER_COLUMNS = {"drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
+LATER_COLUMNS = {"tree_nodes": 0.0, **dict.fromkeys(["checked_by_depth", "accepted_by_depth", "draft_calls_by_width",
+                                                      "passes_by_width", "loop_new_tokens"], NOT_MEASURED),
+                 "drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
                  "with_prompt": False, "merged_prefill": False, "replayed": False, "replay_agrees": NOT_MEASURED,
                  **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",

@@ -6,6 +6,7 @@ them and detect drift; each speculative run also records its per-iteration time 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import pandas as pd
@@ -13,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.context import StageContext
+from pipeline.trees import is_tree, make_tree_drafter, parse_tree
 from pipeline.job_inputs import find_best_fixed, latest_plan_file
 from store.best_fixed import BestFixed
 from store.records import make_schema
@@ -24,6 +26,7 @@ from pipeline.stages.common import (
 from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
 from speclab.step_costs import step_costs
+from speclab.tree_loop import tree_generate
 
 log = logging.getLogger(__name__)
 STEP_FIELDS = [f"{name}_{when}_s" for when in ("before", "after") for name in ("target_step", "draft_step", "verify")]
@@ -39,6 +42,8 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("tokens_per_pass", "float64"), ("iterations", "int32"), ("draft_s_per_iter", "float64"),
     ("verify_s_per_iter", "float64"), ("rollback_s_per_iter", "float64"), ("bookkeeping_s_per_iter", "float64"),
     ("identical_to_plain", "bool"), ("merged_prefill", "bool"),
+    ("tree_nodes", "float64"), ("checked_by_depth", "string"), ("accepted_by_depth", "string"),
+    ("draft_calls_by_width", "string"), ("passes_by_width", "string"), ("loop_new_tokens", "int32"),
 ] + [(f, "float64") for f in STEP_FIELDS + BLOCK_STEP_FIELDS] + MEMORY_FIELDS)
 
 
@@ -59,6 +64,27 @@ def block_step_times(ctx: StageContext, ids) -> dict[str, float]:
     return {"block_target_step_s": c.target_step_s, "block_draft_step_s": c.draft_step_s}
 
 
+def by_depth(res: GenerationResult) -> tuple[str, str]:
+    """Proposals checked and accepted at each depth 1, 2, ... of the iterations' chains or trees, as
+    comma-separated counts: depth d was checked when the tree reached d and depths 1..d-1 were accepted."""
+    deepest = max((i.k for i in res.iterations), default=0)
+    checked = [sum(1 for i in res.iterations if i.k >= d and i.accepted >= d - 1) for d in range(1, deepest + 1)]
+    accepted = [sum(1 for i in res.iterations if i.accepted >= d) for d in range(1, deepest + 1)]
+    return ",".join(map(str, checked)), ",".join(map(str, accepted))
+
+
+def widths(res: GenerationResult) -> tuple[str, str, int]:
+    """The loop's iterations (a merged prefill's first one left out, as in the per-iteration times) as what a
+    time model prices: the draft model's calls by width and the target's passes by width (``w:count,...``),
+    and the tokens they produced. A chain's draft calls are its catch-up call and k - 1 one-token steps."""
+    loop = [i for i in res.iterations if not i.with_prompt]
+    calls = Counter(w for i in loop for w in (i.draft_widths or ([i.draft_fed] + [1] * (i.draft_calls - 1)
+                                                                  if i.draft_calls else [])))
+    passes = Counter(i.target_fed for i in loop)
+    text = (lambda c: ",".join(f"{w}:{n}" for w, n in sorted(c.items())))
+    return text(calls), text(passes), sum(i.new_tokens for i in loop)
+
+
 def _breakdown(res: GenerationResult) -> dict[str, float]:
     """Counts over every iteration; times per loop iteration. A merged prefill's first iteration ran
     the prompt through both models: its time is the run's prefill (``prompt_s``), not a loop iteration's."""
@@ -66,11 +92,17 @@ def _breakdown(res: GenerationResult) -> dict[str, float]:
     loop = [i for i in res.iterations if not i.with_prompt]
     if not n:
         return {"acceptance_rate": float("nan"), "tokens_per_pass": float("nan"), "iterations": 0, "mean_k": float("nan"),
-                "merged_prefill": False,
+                "merged_prefill": False, "tree_nodes": 0.0, "checked_by_depth": "", "accepted_by_depth": "",
+                "draft_calls_by_width": "", "passes_by_width": "", "loop_new_tokens": 0,
                 **{f"{p}_s_per_iter": float("nan") for p in ("draft", "verify", "rollback", "bookkeeping")}}
     per = (lambda part: sum(getattr(i, part) for i in loop) / len(loop)) if loop else (lambda part: float("nan"))
+    checked, accepted = by_depth(res)
+    calls, passes, loop_tokens = widths(res)
     return {"acceptance_rate": res.acceptance_rate, "tokens_per_pass": res.tokens_per_target_pass, "iterations": n,
             "mean_k": res.proposed / n, "merged_prefill": len(loop) < n,
+            "tree_nodes": sum(i.tree_nodes for i in res.iterations) / n,
+            "checked_by_depth": checked, "accepted_by_depth": accepted,
+            "draft_calls_by_width": calls, "passes_by_width": passes, "loop_new_tokens": loop_tokens,
             **{f"{p}_s_per_iter": per(f"{p}_s") for p in ("draft", "verify", "rollback", "bookkeeping")}}
 
 
@@ -124,6 +156,8 @@ def arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
     out += [Arm("speculative", int(ctx.cfg.k), str(p), drafter) for p in st.k_policies if p != default]
     out += [Arm("speculative", k, "fixed", str(d)) for d in st.drafters if d != drafter
             for k in [int(x) for x in st.drafter_ks] or ks]
+    # Tree arms: the shape fixes the proposals (k is its depth).
+    out += [Arm("speculative", spec.depth, "fixed", spec.drafter) for spec in map(parse_tree, st.trees)]
     if st.recommended:
         out.append(RECOMMENDED)
     if st.peer:
@@ -146,6 +180,12 @@ def resolve(arm: Arm, kind: str, plan: dict[str, Arm] | None) -> Arm:
 def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, float, dict]:
     pair = ctx.pair
     n_new, sampling = int(ctx.cfg.max_new_tokens), sampling_config(ctx.cfg)
+    if is_tree(arm.drafter):
+        ngram = {key: int(ctx.cfg.drafter[key]) for key in ("max_ngram", "min_ngram") if key in ctx.cfg.drafter}
+        drafter = make_tree_drafter(parse_tree(arm.drafter), pair.draft, ngram)
+        r = tree_generate(pair.target, drafter, ids, n_new, sampling, pair.eos_token_id, gen,
+                          merge_prefill=bool(ctx.cfg.merge_prefill))
+        return r.tokens, r.wall_s, prompt_s(r), _breakdown(r)
     if arm.ours:
         s = ctx.strategy(arm.k, arm.drafter, arm.k_policy)
         r = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy, sampling=sampling,
@@ -169,12 +209,14 @@ def run(ctx: StageContext) -> StageOutput:
     runs = [*names, *(plan or {}).values()]
     gen = generator(ctx)
     for arm in runs:  # a price table an adaptive policy (the job's or the plan's) reads: measured before the runs
-        if arm.ours:
+        if arm.ours and not is_tree(arm.drafter):
             ctx.prices(arm.k_policy)
-    log.info("speed: warm-up (plain and the first speculative arm on one prompt)")
-    for arm in tqdm(names[:2], desc="speed warm-up", leave=False):
+    # A tree arm's passes take masks and widths no chain ran: each is warmed up too.
+    warm = names[:2] + [arm for arm in names[2:] if is_tree(arm.drafter)]
+    log.info("speed: warm-up (plain, the first speculative arm and every tree arm on one prompt)")
+    for arm in tqdm(warm, desc="speed warm-up", leave=False):
         run_arm(ctx, arm, ctx.inputs[ctx.prompts[0].id], gen)
-    arm_ks = sorted({arm.k for arm in runs if arm.k})
+    arm_ks = sorted({arm.k for arm in runs if arm.k and not is_tree(arm.drafter)})
     log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
     before = step_times(ctx, arm_ks, "step times before")
     rows, block = [], 0
@@ -205,7 +247,8 @@ def run(ctx: StageContext) -> StageOutput:
     for when, (t_step, d_step, verify) in (("before", before), ("after", after)):
         df[f"target_step_{when}_s"] = t_step
         df[f"draft_step_{when}_s"] = d_step
-        df[f"verify_{when}_s"] = df.k.map(verify).astype(float)  # NaN for plain rows
+        # NaN for plain rows and trees (a tree's pass is wider than its depth + 1: stage timing's tree_nodes)
+        df[f"verify_{when}_s"] = df.k.map(verify).astype(float).where(~df.drafter.map(is_tree), float("nan"))
     return summarize(df, cfg)
 
 
@@ -244,6 +287,8 @@ def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
 
 
 def _arm_name(method: str, k: int, policy: str, drafter: str, kind: str) -> str:
+    if is_tree(drafter):
+        return f"{method} {drafter} {kind}"
     # An adaptive policy's k is where it starts (the heuristic) or nothing at all (the cost model, the
     # library's schedule): naming it "k4" would file it beside fixed k = 4 in MLflow's compare view.
     ks = [f"k{k}"] if policy == "fixed" else [f"from-k{k}"] if policy == "heuristic" else []
@@ -269,7 +314,8 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                 {**speedup_metrics(s, plain), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
-                 "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s)}))
+                 "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
+                 **({"tree_nodes": s.tree_nodes.mean()} if is_tree(drafter) else {})}))
     drift = max(max(a / b, b / a) for a, b in zip(after, before))
     metrics = {"plain_tokens_per_s": plain.tokens_per_s.median(), "identical_share": spec.identical_to_plain.mean(),
                "drift_ratio": drift,

@@ -13,7 +13,7 @@ from pipeline.stages import StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns, run_name
 from pipeline.stages.options import unused_note
 from speclab.model_size import model_size
-from speclab.step_costs import pass_times, prefill_times
+from speclab.step_costs import pass_times, prefill_times, tree_pass_times
 
 # Added after results were stored: older files read them as not measured (store.compat.LATER_COLUMNS).
 SIZE_FIELDS = [(f"{role}_{what}", kind) for role in ("target", "draft")
@@ -46,16 +46,20 @@ def run(ctx: StageContext) -> StageOutput:
         n = ids.shape[1]
         for role, model in (("target", ctx.pair.target), ("draft", ctx.pair.draft)):
             mem = memory_columns(ctx)  # where the weights are when this time is taken
-            timed = [(n + e, t) for e in extras
+            timed = [(n + e, t, role) for e in extras
                      for t in pass_times(model, ids, lengths, int(st.repeats), int(st.warmup), context_extra=e)]
+            if role == "target" and st.tree_nodes:
+                # model "target_tree": the verification of a tree of n nodes (pass_len n + 1), the 4D mask's path
+                trees = tree_pass_times(model, ids, [int(x) for x in st.tree_nodes], int(st.repeats), int(st.warmup))
+                timed += [(n, t, "target_tree") for t in trees]
             if st.prefill:
                 # Context 0: a prefill of the first pass_len prompt tokens (n - 1 in a loop that prefills apart, n in
                 # plain decoding; a merged prefill's prompt plus proposals is the fitted line a few tokens on).
-                timed += [(0, t) for t in prefill_times(model, ids, sorted({max(n - 1, 1), n}), int(st.repeats),
+                timed += [(0, t, role) for t in prefill_times(model, ids, sorted({max(n - 1, 1), n}), int(st.repeats),
                                                         int(st.warmup))]
-            for context_len, t in timed:
+            for context_len, t, label in timed:
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind,
-                             "context_len": context_len, "model": role, "pass_len": t.pass_len,
+                             "context_len": context_len, "model": label, "pass_len": t.pass_len,
                              "median_s": t.median_s, "q25_s": t.q25_s, "q75_s": t.q75_s,
                              "samples": t.samples, **mem, **sizes})
     df = pd.DataFrame(rows)
@@ -69,7 +73,7 @@ def describe(cfg: DictConfig) -> str:
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """Headline metrics and summary lines of a timing result (also used to log a run from its file)."""
     passes = df[df.context_len > 0]  # context 0 rows are prefills
-    lengths = sorted(int(n) for n in passes.pass_len.unique())
+    lengths = sorted(int(n) for n in passes[passes.model == "target"].pass_len.unique())
     med = passes[passes.context_len == passes.groupby("prompt_id").context_len.transform("min")].groupby(
         ["model", "pass_len"]).median_s.median()
     target_step = med[("target", 1)]
@@ -80,6 +84,11 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                f"(c_draft = {metrics['c_draft']:.3f})",
                "target pass / target step by new tokens: "
                + ", ".join(f"{n}: {metrics[f'c_verify_n{n}']:.2f}" for n in lengths)]
+    trees = sorted(int(n) for n in passes[passes.model == "target_tree"].pass_len.unique())
+    if trees:
+        metrics.update({f"c_tree_nodes{n - 1}": med[("target_tree", n)] / target_step for n in trees})
+        summary.append("tree verification / target step by tree nodes: "
+                       + ", ".join(f"{n - 1}: {metrics[f'c_tree_nodes{n - 1}']:.2f}" for n in trees))
     if not df.memory_trusted.all():
         summary.append(f"WARNING: memory placement not trusted: {df.memory_reason[~df.memory_trusted].iloc[0]}")
     return StageOutput(df, metrics, summary + unused_note(cfg, "timing"))
