@@ -137,6 +137,7 @@ class AcceptanceStage(KsStage):
     k_policies: list[str] = field(default_factory=list)
     policy_drafters: list[str] = field(default_factory=list)  # drafters of the k_policies runs ([]: the job's)
     replay: bool = True  # greedy: replay every configuration but the job's own from one plain generation
+    trees: list[str] = field(default_factory=list)  # tree configurations run beside the chains (pipeline/trees.py)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pipeline.trees import FAMILIES, is_tree, parse_tree
 from speclab.estimators import alpha_hat
 from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop
 
@@ -26,6 +27,22 @@ def pass_models(timing: pd.DataFrame) -> tuple[PassModel, PassModel]:
             raise ValueError(f"the timing rows hold no {role!r} model: the time model needs both")
         out.append(PassModel.fit(sub.pass_len.to_numpy(), sub.context_len.to_numpy(), sub.median_s.to_numpy()))
     return out[0], out[1]
+
+
+def tree_pass_model(timing: pd.DataFrame) -> PassModel | None:
+    """The target's pass over a tree (timing rows ``target_tree``, stage.tree_nodes), or None when not timed."""
+    sub = timing[timing.model == "target_tree"]
+    if sub.empty:
+        return None
+    return PassModel.fit(sub.pass_len.to_numpy(), sub.context_len.to_numpy(), sub.median_s.to_numpy())
+
+
+def drafter_parts(drafter: str) -> tuple[bool, bool]:
+    """Whether a drafter runs a draft model and whether it looks up n-grams every iteration."""
+    if is_tree(drafter):
+        family = parse_tree(drafter).family
+        return FAMILIES[family].uses_model, family == "lookup"
+    return drafter in ("model", "hybrid"), drafter in ("prompt_lookup", "hybrid")
 
 
 def measured(acc: pd.DataFrame) -> pd.DataFrame:
@@ -53,11 +70,15 @@ def traces(acc: pd.DataFrame) -> list[tuple[tuple, Trace, pd.DataFrame]]:
     out = []
     for key, g in acc.sort_values("iteration").groupby(RUN_KEYS, sort=True):
         drafter = key[2]
+        uses_model, uses_lookup = drafter_parts(drafter)
+        tree = is_tree(drafter)
         out.append((key, Trace(
             prompt_len=int(g.prompt_len.iloc[0]), proposed=g.proposed.to_numpy(), new_tokens=g.new_tokens.to_numpy(),
             length=g.length.to_numpy(), draft_fed=g.draft_fed.to_numpy(), draft_calls=g.draft_calls.to_numpy(),
-            uses_model=drafter in ("model", "hybrid"), uses_lookup=drafter in ("prompt_lookup", "hybrid"),
-            merged="with_prompt" in g and bool(g.with_prompt.fillna(False).any())), g))
+            uses_model=uses_model, uses_lookup=uses_lookup,
+            merged="with_prompt" in g and bool(g.with_prompt.fillna(False).any()),
+            call_width=g.draft_call_width.to_numpy(float) if tree else None,
+            nodes=g.tree_nodes.to_numpy(int) if tree else None, tree=tree), g))
     return out
 
 
@@ -68,7 +89,7 @@ def calibrate(timing: pd.DataFrame, acc: pd.DataFrame) -> TimeModel:
     runs = traces(measured(acc))
     loop = calibrate_loop(bare, [tr for _, tr, _ in runs],
                           *([g[c].to_numpy() for _, _, g in runs] for c in LOOP_TIMES))
-    return TimeModel(target, draft, loop)
+    return TimeModel(target, draft, loop, tree_pass_model(timing))
 
 
 def predict_runs(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:

@@ -101,6 +101,12 @@ def is_tree(drafter: str) -> bool:
     return str(drafter).startswith(PREFIX)
 
 
+def job_tree_drafter(cfg: Any, drafter: str, draft_model: Any) -> Any:
+    """The tree drafter of a ``tree:`` arm in a job: prompt-lookup trees take the job drafter's n-gram sizes."""
+    ngram = {key: int(cfg.drafter[key]) for key in ("max_ngram", "min_ngram") if key in cfg.drafter}
+    return make_tree_drafter(parse_tree(drafter), draft_model, ngram)
+
+
 def make_tree_drafter(spec: TreeSpec, draft_model: Any, ngram: dict | None = None) -> Any:
     """A new tree drafter of this shape; the pair's draft model goes to the families that run one, the job's
     n-gram sizes (``ngram``: max_ngram, min_ngram) to prompt-lookup trees."""

@@ -129,6 +129,17 @@ class Trace:
     uses_model: bool  # the drafter holds a draft model (it prefills the prompt)
     uses_lookup: bool  # the drafter tries an n-gram lookup every iteration
     merged: bool = False  # the prompt rode in the first iteration's passes (no prefill apart)
+    # A tree draft (speclab.tree_loop): its calls after the first feed a level of nodes (``call_width``
+    # tokens each, on average; None: one, as a chain's steps), and its check runs every node (``nodes``;
+    # None: the proposals) through the tree mask's pass (``TimeModel.tree`` when timed).
+    call_width: np.ndarray | None = None
+    nodes: np.ndarray | None = None
+    tree: bool = False
+
+    @property
+    def checked_width(self) -> np.ndarray:
+        """Proposals in each iteration's verification pass (besides the pending token)."""
+        return self.proposed if self.nodes is None else self.nodes
 
     @property
     def tokens(self) -> int:
@@ -175,19 +186,22 @@ class TimeModel:
     target: PassModel
     draft: PassModel | None
     loop: LoopCosts = LoopCosts()
+    tree: PassModel | None = None  # the target's pass over a tree (its 4D mask), by nodes + 1; None: priced as a chain's
 
     def at_steps(self, target_step_s: float, draft_step_s: float | None, ctx: float) -> "TimeModel":
         """This model re-priced at a machine state where a one-token step after ``ctx`` tokens takes
         ``target_step_s`` (target) and ``draft_step_s`` (draft): each pass model is scaled by the
         ratio of that step to its own. The loop's costs are kept (they are ratios, or microseconds)."""
         scale = (lambda m, s: m.scaled(s / float(m.time(1, ctx))) if m is not None and s is not None else m)
-        return TimeModel(scale(self.target, target_step_s), scale(self.draft, draft_step_s), self.loop)
+        factor = target_step_s / float(self.target.time(1, ctx)) if target_step_s is not None else 1.0
+        return TimeModel(scale(self.target, target_step_s), scale(self.draft, draft_step_s), self.loop,
+                         None if self.tree is None else self.tree.scaled(factor))
 
     def speculative(self, tr: Trace) -> Decomposition:
         """Predicted wall time of the run the trace describes, by part."""
-        t, d = self.target, self.draft
+        t, d = (self.tree if tr.tree and self.tree is not None else self.target), self.draft
         return price_speculative(tr, np.ones(len(tr.proposed)), lambda n, ctx, rows: t.time(n, ctx),
-                                 None if d is None else (lambda n, ctx, rows: d.time(n, ctx)), t.prefill_time,
+                                 None if d is None else (lambda n, ctx, rows: d.time(n, ctx)), self.target.prefill_time,
                                  None if d is None else d.prefill_time, self.loop)
 
     def plain(self, prompt_len: int, new_tokens: int) -> Decomposition:
@@ -223,8 +237,9 @@ def price_speculative(tr: Trace, rows: np.ndarray, target: PassTime, draft: Pass
     parts = dict.fromkeys(PARTS, 0.0)
     if prefill_n:
         parts["prefill_target"] = float(target_prefill(prefill_n))
+    width = tr.checked_width
     if with_prompt.any():  # the first check runs the prompt and the proposals: a prefill of both
-        parts["prefill_target"] = float(np.sum(target_prefill(tr.prompt_len + tr.proposed[with_prompt])))
+        parts["prefill_target"] = float(np.sum(target_prefill(tr.prompt_len + width[with_prompt])))
     if (tr.uses_model and prefill_n) or cold.any():
         if draft_prefill is None:
             raise ValueError("a trace with a draft model needs a draft PassModel")
@@ -236,15 +251,15 @@ def price_speculative(tr: Trace, rows: np.ndarray, target: PassTime, draft: Pass
         # The draft cache holds length - fed tokens when its first call starts; a cold start's first
         # call is its prefill, priced above, and only its further calls are steps.
         steps = np.where(cold, calls - 1, calls)
-        one = draft(1, tr.length + (calls - 1) / 2, rows)
+        # A chain's calls after the first are one-token steps; a tree's feed a level of nodes each.
+        one = draft(1 if tr.call_width is None else np.maximum(tr.call_width, 1), tr.length + (calls - 1) / 2, rows)
         ctx0, r = tr.length[ran] - fed[ran], rows[ran]
         parts["draft_steps"] = lp.draft_scale * float(np.sum((steps * one)[calls > 0]))
         parts["catch_up"] = lp.draft_scale * float(np.sum(draft(fed[ran], ctx0, r) - draft(1, ctx0, r)))
     if tr.uses_lookup:  # one lookup per row and iteration
         parts["lookup"] = lp.lookup_s * float(np.sum(rows))
     checks = ~with_prompt
-    parts["verify"] = lp.target_scale * float(np.sum(target(tr.proposed[checks] + 1, tr.length[checks] - 1,
-                                                            rows[checks])))
+    parts["verify"] = lp.target_scale * float(np.sum(target(width[checks] + 1, tr.length[checks] - 1, rows[checks])))
     parts["rollback"] = lp.rollback_s * len(tr.proposed)
     parts["bookkeeping"] = lp.bookkeeping_s * len(tr.proposed)
     return Decomposition(parts)
@@ -318,6 +333,8 @@ def calibrate_loop(model: TimeModel, traces: list[Trace], draft_s: list[np.ndarr
     ver_meas = ver_pred = dr_meas = dr_pred = 0.0
     lookups, rollbacks, books = [], [], []
     for tr, ds, vs, rs, ts in zip(traces, draft_s, verify_s, rollback_s, total_s):
+        if tr.tree:  # the scales are the chain loop's; a tree's wider calls and pass are priced by width
+            continue
         # A merged prefill's first iteration is priced as the prefills: its passes are not loop passes.
         checks = ~tr.prompt_verify()
         ver_meas += float(np.sum(vs[checks]))

@@ -33,7 +33,8 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #     (``with_defaults`` also names plain decoding's drafter and policy "none");
 #   top_p 1.0, top_k 0: no nucleus or top-k filter (acceptance files of `reference` before sampling knobs);
 #   with_prompt / merged_prefill False: every loop before merge_prefill prefilled the prompt apart;
-#   tree_nodes 0: every speed run before tree arms (stage.trees) was a chain;
+#   tree_nodes 0, draft_call_width 1: every run before tree arms (stage.trees) was a chain, whose draft calls after
+#     the first are one-token steps;
 #   None (null, NaN in pandas): not measured by the code of the time, so no value stands in for it:
 #     acceptance's per-iteration context and timings (prompt_len ... wall_s: 6 of the 9 `reference` acceptance
 #     files), speed's block step times (16 `reference` and 2 `timemodel` files, written before
@@ -43,7 +44,7 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #     accepted_by_depth, draft_calls_by_width, passes_by_width, loop_new_tokens: every speed file before tree arms).
 #     The readers test these for NaN.
 NOT_MEASURED = None
-LATER_COLUMNS = {"tree_nodes": 0.0, **dict.fromkeys(["checked_by_depth", "accepted_by_depth", "draft_calls_by_width",
+LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["checked_by_depth", "accepted_by_depth", "draft_calls_by_width",
                                                       "passes_by_width", "loop_new_tokens"], NOT_MEASURED),
                  "drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
                  "with_prompt": False, "merged_prefill": False, "replayed": False, "replay_agrees": NOT_MEASURED,

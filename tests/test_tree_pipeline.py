@@ -149,3 +149,44 @@ def test_depth_acceptance_and_width_pool_runs():
 
 def test_no_tree_runs_says_so():
     assert "Not measured" in markdown("trees", pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+
+
+def test_acceptance_and_plan_rank_trees_beside_chains(tmp_path):
+    cfg = make_cfg(tmp_path, "stage=plan", "stage.trees=[static:2-1,lookup:2-2]", "stage.tree_nodes=[2,4]",
+                   "stage.repeats=2", "stage.warmup=0", "stage.acceptance_ks=[1,2]", "pair.draft=copy",
+                   "max_new_tokens=10")
+    run_parts(cfg)
+    acc = pd.read_parquet(output_path(cfg, "acceptance"))
+    trees = acc[acc.drafter.str.startswith("tree:")]
+    assert set(trees.drafter) == {"tree:static:2-1", "tree:lookup:2-2"} and not trees.replayed.any()
+    static = trees[trees.drafter == "tree:static:2-1"]
+    assert (static.proposed <= 2).all() and (static.tree_nodes >= static.proposed).all()
+    # A perfect draft: a full tree (2 + 2 nodes, two draft calls: the catch-up, then a level of 2) is accepted whole.
+    full = static[static.tree_nodes == 4]
+    assert len(full) and (full.accepted == 2).all() and (full.draft_call_width == 2).all()
+    chains = acc[~acc.drafter.str.startswith("tree:")]
+    assert (chains.tree_nodes == 0).all() and (chains.draft_call_width == 1).all()
+    plan = pd.read_parquet(output_path(cfg, "plan"))
+    ranked = plan[plan.kind == "all"].set_index("drafter")
+    assert {"tree:static:2-1", "tree:lookup:2-2"} <= set(ranked.index)
+    assert np.isfinite(ranked.loc["tree:static:2-1", "predicted"]) and ranked.loc["tree:static:2-1", "k"] == 2
+
+
+def test_the_time_model_prices_a_tree_by_its_nodes_and_level_widths():
+    from speclab.time_model import LoopCosts, PassModel, TimeModel, Trace
+
+    flat = (lambda table: PassModel(table, {n: 0.0 for n in table}, 50.0, (0.0, 0.001)))
+    target, tree = flat({1: 1.0, 3: 1.5, 7: 2.0}), flat({1: 1.0, 3: 1.7, 7: 3.0})
+    draft = flat({1: 0.2, 2: 0.25, 3: 0.3})
+    tr = Trace(prompt_len=10, proposed=np.array([2, 2]), new_tokens=np.array([3, 1]), length=np.array([10, 13]),
+               draft_fed=np.array([1, 3]), draft_calls=np.array([2, 2]), uses_model=True, uses_lookup=False,
+               call_width=np.array([3.0, 3.0]), nodes=np.array([6, 6]), tree=True)
+    parts = TimeModel(target, draft, LoopCosts(), tree).speculative(tr).parts
+    assert parts["verify"] == pytest.approx(2 * 3.0)  # the tree pass over 6 nodes + 1, not a chain's 3 tokens
+    # Two calls an iteration, each priced as a 3-token level; the first call's catch-up adds its own width's extra.
+    assert parts["draft_steps"] == pytest.approx(2 * 2 * 0.3)
+    assert parts["catch_up"] == pytest.approx(0.3 - 0.2)
+    chain = Trace(prompt_len=10, proposed=np.array([2, 2]), new_tokens=np.array([3, 1]), length=np.array([10, 13]),
+                  draft_fed=np.array([1, 3]), draft_calls=np.array([2, 2]), uses_model=True, uses_lookup=False)
+    chain_parts = TimeModel(target, draft, LoopCosts(), tree).speculative(chain).parts
+    assert chain_parts["verify"] == pytest.approx(2 * 1.5) and chain_parts["draft_steps"] == pytest.approx(4 * 0.2)

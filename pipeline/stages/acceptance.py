@@ -7,6 +7,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext, job_k_max
+from pipeline.trees import is_tree, job_tree_drafter, parse_tree
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, ks_label, run_name, sampling_config, stage_ks
@@ -16,6 +17,7 @@ from speclab.loop import speculative_generate
 from speclab.replay import Replay
 from speclab.replay_check import differences, loop_iterations
 from speclab.replay_reference import greedy_reference
+from speclab.tree_loop import tree_generate
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
@@ -30,6 +32,9 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     # (speclab.replay; no times), and on the one configuration each prompt also runs for real, whether
     # the replay's iteration equals the loop's (1/0; NaN where not compared).
     ("replayed", "bool"), ("replay_agrees", "float64"),
+    # A tree configuration (stage.trees, drafter tree:<spec>; k and proposed: its depth): the nodes its target
+    # pass checked, and the mean width of its draft model's calls after the first (a chain's: 1).
+    ("tree_nodes", "float64"), ("draft_call_width", "float64"),
 ])
 TIME_COLUMNS = ["draft_s", "verify_s", "rollback_s", "total_s", "prefill_s", "wall_s"]
 
@@ -66,7 +71,9 @@ def configurations(cfg: DictConfig) -> list[tuple[str, str, int]]:
     drafters = [str(d) for d in cfg.stage.get("drafters") or [cfg.drafter.name]]
     extra = [str(p) for p in cfg.stage.get("k_policies") or [] if p != policy]
     with_policies = [str(d) for d in cfg.stage.get("policy_drafters") or [cfg.drafter.name]]
-    return [(d, policy, k) for d in drafters for k in ks] + [(d, p, int(cfg.k)) for d in with_policies for p in extra]
+    trees = [(spec.drafter, "fixed", spec.depth) for spec in map(parse_tree, cfg.stage.get("trees") or [])]
+    return ([(d, policy, k) for d in drafters for k in ks] + [(d, p, int(cfg.k)) for d in with_policies for p in extra]
+            + trees)
 
 
 def replays(cfg: DictConfig, sampling) -> bool:
@@ -107,6 +114,11 @@ def run(ctx: StageContext) -> StageOutput:
             common = {**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k, "drafter": drafter_name,
                       "k_policy": policy_name, "do_sample": sampling.do_sample, "temperature": sampling.temperature,
                       "top_k": sampling.top_k, "top_p": sampling.top_p, "prompt_len": ids.shape[1]}
+            if is_tree(drafter_name):  # never replayed: every tree run is real
+                res = tree_generate(pair.target, job_tree_drafter(cfg, drafter_name, pair.draft), ids, n_new, sampling,
+                                    pair.eos_token_id, gen, merge_prefill=merged)
+                rows += loop_rows(res, common, [float("nan")] * len(res.iterations))
+                continue
             s = ctx.strategy(k, drafter_name, policy_name)
             if conf not in real:
                 rows += replay_rows(refs[prompt.id].replay(s.drafter, s.policy, merged), common)
@@ -117,15 +129,26 @@ def run(ctx: StageContext) -> StageOutput:
             if replay_on:  # the same configuration replayed: where it differs (an fp near-tie), it is counted
                 fresh = ctx.strategy(k, drafter_name, policy_name)  # a policy's state starts anew
                 agrees = iteration_agreement(refs[prompt.id].replay(fresh.drafter, fresh.policy, merged), res.iterations)
-            for i, (it, ag) in enumerate(zip(res.iterations, agrees)):
-                rows.append({**common, "iteration": i, "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
-                             "new_tokens": it.new_tokens, "length": it.length, "draft_fed": it.draft_fed,
-                             "draft_calls": it.draft_calls, "draft_s": it.draft_s, "verify_s": it.verify_s,
-                             "rollback_s": it.rollback_s, "total_s": it.total_s, "prefill_s": res.prefill_s,
-                             "wall_s": res.wall_s, "with_prompt": it.with_prompt, "replayed": False,
-                             "replay_agrees": ag})
+            rows += loop_rows(res, common, agrees)
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
+
+
+def loop_rows(res, common: dict, agrees: list[float]) -> list[dict]:
+    """A run's rows, one per iteration of the loop (chain or tree)."""
+    return [{**common, "iteration": i, "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
+             "new_tokens": it.new_tokens, "length": it.length, "draft_fed": it.draft_fed,
+             "draft_calls": it.draft_calls, "draft_s": it.draft_s, "verify_s": it.verify_s,
+             "rollback_s": it.rollback_s, "total_s": it.total_s, "prefill_s": res.prefill_s,
+             "wall_s": res.wall_s, "with_prompt": it.with_prompt, "replayed": False, "replay_agrees": ag,
+             "tree_nodes": float(it.tree_nodes), "draft_call_width": call_width(it)}
+            for i, (it, ag) in enumerate(zip(res.iterations, agrees))]
+
+
+def call_width(it) -> float:
+    """The mean width of a tree's draft calls after its first (1: a chain's one-token steps)."""
+    later = it.draft_widths[1:]
+    return float(np.mean(later)) if later else 1.0
 
 
 def replay_rows(rep: Replay, common: dict) -> list[dict]:
@@ -133,7 +156,8 @@ def replay_rows(rep: Replay, common: dict) -> list[dict]:
     return [{**common, "iteration": i, "proposed": st.proposed, "accepted": st.accepted,
              "bonus": 0 < st.proposed == st.accepted, "new_tokens": st.new_tokens, "length": st.length,
              "draft_fed": st.draft_fed, "draft_calls": st.draft_calls, **dict.fromkeys(TIME_COLUMNS, float("nan")),
-             "with_prompt": i == 0 and rep.merged, "replayed": True, "replay_agrees": float("nan")}
+             "with_prompt": i == 0 and rep.merged, "replayed": True, "replay_agrees": float("nan"),
+             "tree_nodes": 0.0, "draft_call_width": 1.0}
             for i, st in enumerate(rep.steps)]
 
 

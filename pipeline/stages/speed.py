@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.trees import is_tree, make_tree_drafter, parse_tree
+from pipeline.trees import is_tree, job_tree_drafter, parse_tree
 from pipeline.job_inputs import find_best_fixed, latest_plan_file
 from store.best_fixed import BestFixed
 from store.records import make_schema
@@ -181,9 +181,8 @@ def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, fl
     pair = ctx.pair
     n_new, sampling = int(ctx.cfg.max_new_tokens), sampling_config(ctx.cfg)
     if is_tree(arm.drafter):
-        ngram = {key: int(ctx.cfg.drafter[key]) for key in ("max_ngram", "min_ngram") if key in ctx.cfg.drafter}
-        drafter = make_tree_drafter(parse_tree(arm.drafter), pair.draft, ngram)
-        r = tree_generate(pair.target, drafter, ids, n_new, sampling, pair.eos_token_id, gen,
+        r = tree_generate(pair.target, job_tree_drafter(ctx.cfg, arm.drafter, pair.draft), ids, n_new, sampling,
+                          pair.eos_token_id, gen,
                           merge_prefill=bool(ctx.cfg.merge_prefill))
         return r.tokens, r.wall_s, prompt_s(r), _breakdown(r)
     if arm.ours:
