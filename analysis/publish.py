@@ -26,7 +26,7 @@ from store.records import UNKNOWN_COMMIT, git_commit
 
 # Tables logged with mlflow.log_table (readable and comparable in the MLflow UI).
 TABLES = ("speed_points", "acceptance_table", "predictor_errors", "best_k", "strategy_comparison", "drift",
-          "spec_bench_table")
+          "spec_bench_table", "trees/tree_vs_chain", "trees/arms")
 
 
 def numeric_metrics(tree: dict) -> dict[str, float]:

@@ -161,7 +161,8 @@ def curve_table(costs: pd.DataFrame) -> pd.DataFrame:
         for model, label in (("target", "chain"), ("target_tree", "tree")):
             for r in c[c.model == model].itertuples():
                 out.append({"pair": pair, "pass": label, "width": int(r.pass_len),
-                            "nodes": int(r.pass_len) - 1, "ms": 1e3 * r.median_s, "steps": r.median_s / float(step.iloc[0])})
+                            "nodes": int(r.pass_len) - 1, "ms": 1e3 * r.median_s,
+                            "steps": r.median_s / float(step.iloc[0])})
     return pd.DataFrame(out)
 
 
@@ -171,7 +172,7 @@ def figure(curve: pd.DataFrame, dtypes: dict, path: Path) -> None:
     for ax, pair in zip(axes[0], pairs):
         for label, style in (("chain", "o-"), ("tree", "s--")):
             g = curve[(curve.pair == pair) & (curve["pass"] == label)].sort_values("width")
-            ax.plot(g.width, g.steps, style, label=f"{label} pass (causal)" if label == "chain" else "tree pass (4D mask)")
+            ax.plot(g.width, g.steps, style, label="chain pass (causal)" if label == "chain" else "tree pass (4D mask)")
         ax.axhline(1.0, color="grey", lw=1)
         ax.set(title=f"{pair} (target {dtypes.get(pair, '?')})", xlabel="new tokens in the pass (tree: nodes + 1)",
                xscale="log")
@@ -185,7 +186,8 @@ def metrics(comp: pd.DataFrame) -> dict:
     out: dict = {}
     for r in comp[comp.compared == "best"].itertuples():
         out.setdefault(r.pair, {})[r.kind] = {
-            "best_tree": r.tree, "tree_speedup": r.tree_speedup, "best_chain": r.chain, "chain_speedup": r.chain_speedup,
+            "best_tree": r.tree, "tree_speedup": r.tree_speedup, "best_chain": r.chain,
+            "chain_speedup": r.chain_speedup,
             "tree_over_chain": r.tree_over_chain, "tree_tokens_per_pass": r.tree_tokens_per_pass,
             "chain_tokens_per_pass": r.chain_tokens_per_pass}
     return out
@@ -234,8 +236,8 @@ def main() -> None:
     boot = bootstrap_settings(params)
     outputs = params["outputs_dir"]
     campaign_dir(outputs, campaign)
-    speed = read_stage(outputs, "speed", campaign) if layout.stage_paths(outputs, campaign, "speed") else pd.DataFrame()
-    timing = read_stage(outputs, "timing", campaign) if layout.stage_paths(outputs, campaign, "timing") else pd.DataFrame()
+    speed, timing = (read_stage(outputs, stage, campaign) if layout.stage_paths(outputs, campaign, stage) else pd.DataFrame()
+                     for stage in ("speed", "timing"))
     costs = pass_costs(timing) if not timing.empty else pd.DataFrame(columns=["pair", "model", "pass_len", "median_s"])
     arms = comp = pd.DataFrame()
     if not speed.empty:

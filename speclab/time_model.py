@@ -186,7 +186,7 @@ class TimeModel:
     target: PassModel
     draft: PassModel | None
     loop: LoopCosts = LoopCosts()
-    tree: PassModel | None = None  # the target's pass over a tree (its 4D mask), by nodes + 1; None: priced as a chain's
+    tree: PassModel | None = None  # the target's pass over a tree (its 4D mask) by nodes + 1; None: as a chain's
 
     def at_steps(self, target_step_s: float, draft_step_s: float | None, ctx: float) -> "TimeModel":
         """This model re-priced at a machine state where a one-token step after ``ctx`` tokens takes

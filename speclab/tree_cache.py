@@ -16,6 +16,7 @@ def check_plain_cache(cache: DynamicCache, model: torch.nn.Module) -> None:
                          "layers (DynamicLayer); use a chain (drafter model, prompt_lookup or hybrid)")
 
 
+@torch.inference_mode()  # the cache's tensors were made in inference mode (the loops): updated in place only there
 def keep_path(cache: DynamicCache, start: int, slots: list[int]) -> None:
     """Keep the cache's first ``start`` positions followed by the positions ``slots`` (ascending, each
     >= start), moved to ``start, start + 1, ...``; everything after them goes."""

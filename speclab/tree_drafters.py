@@ -89,6 +89,23 @@ class _ModelTree:
         self._cols = {}
 
 
+class _DraftModelTree:
+    """What the tree drafters that run a draft model share: the model, its cache, the call widths."""
+
+    draft: _ModelTree
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.draft.model
+
+    @property
+    def last_widths(self) -> list[int]:
+        return self.draft.last_widths
+
+    def start(self, ids: torch.Tensor, n_ctx: int) -> None:
+        self.draft.start(ids, n_ctx)
+
+
 def _scores(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """The draft's distribution a tree is grown from: the sampled one, or the softmax under greedy."""
     if sampling.do_sample:
@@ -96,7 +113,7 @@ def _scores(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     return torch.softmax(logits.float(), dim=-1)
 
 
-class StaticTreeDrafter:
+class StaticTreeDrafter(_DraftModelTree):
     """A draft model's tree of a fixed shape: ``branching[d]`` children for every node at depth d
     (``[3, 2, 1, 1]``: 3 + 6 + 6 + 6 = 21 nodes, depth 4; ``[1] * k`` is a chain of k).
 
@@ -111,17 +128,6 @@ class StaticTreeDrafter:
                              "per node at each depth)")
         self.branching = shape
         self.draft = _ModelTree(model)
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.draft.model
-
-    @property
-    def last_widths(self) -> list[int]:
-        return self.draft.last_widths
-
-    def start(self, ids: torch.Tensor, n_ctx: int) -> None:
-        self.draft.start(ids, n_ctx)
 
     def propose_tree(self, ids: torch.Tensor, length: int, sampling: SamplingConfig,
                      generator: torch.Generator | None, max_depth: int) -> Tree:
@@ -163,7 +169,7 @@ class StaticTreeDrafter:
         self.draft.keep_nodes(path)
 
 
-class DynamicTreeDrafter:
+class DynamicTreeDrafter(_DraftModelTree):
     """EAGLE-2's dynamic tree: grown from the draft's own probabilities within a node budget.
 
     Each depth expands the ``topk`` nodes of the last level with the highest path probability (the
@@ -179,17 +185,6 @@ class DynamicTreeDrafter:
         self.depth, self.topk, self.nodes = depth, topk, nodes
         self.draft = _ModelTree(model)
         self._keys: list[int] = []
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.draft.model
-
-    @property
-    def last_widths(self) -> list[int]:
-        return self.draft.last_widths
-
-    def start(self, ids: torch.Tensor, n_ctx: int) -> None:
-        self.draft.start(ids, n_ctx)
 
     def propose_tree(self, ids: torch.Tensor, length: int, sampling: SamplingConfig,
                      generator: torch.Generator | None, max_depth: int) -> Tree:
@@ -254,11 +249,12 @@ class LookupTreeDrafter:
     last_widths: list[int] = []
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, branches: int = 4, depth: int = 6) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"n-gram sizes min={min_ngram}, max={max_ngram} are not allowed: need 1 <= min <= max")
-        for name, value in (("branches", branches), ("depth", depth)):
+        for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram), ("branches", branches),
+                            ("depth", depth)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} is not allowed: use an integer >= 1")
+        if min_ngram > max_ngram:
+            raise ValueError(f"n-gram sizes min={min_ngram}, max={max_ngram} are not allowed: need 1 <= min <= max")
         self.max_ngram, self.min_ngram, self.branches, self.depth = max_ngram, min_ngram, branches, depth
 
     def start(self, ids: torch.Tensor, n_ctx: int) -> None:

@@ -152,3 +152,14 @@ def test_flash_attention_is_refused():
     with pytest.raises(ValueError) as excinfo:
         DynamicTreeDrafter(target)
     _assert_one_line_refusal(excinfo, "flash_attention_2")
+
+
+def test_keep_path_outside_inference_mode():
+    """A notebook user gathers a cache filled by the loops' passes (inference tensors) without inference mode."""
+    target = tiny_random_model(64, seed=0)
+    seq = torch.tensor([[5, 9, 4, 1]])
+    cache = new_cache(target)
+    forward_logits(target, seq[:, :3], cache, 1)
+    verify_tree(target, cache, seq, 3, 4, Tree(torch.tensor([10, 20, 21]), [-1, -1, 1]))
+    keep_path(cache, 4, [5, 6])
+    assert cache.get_seq_length() == 6
