@@ -193,6 +193,30 @@ def metrics(comp: pd.DataFrame) -> dict:
     return out
 
 
+def verdicts(comp: pd.DataFrame, arms: pd.DataFrame, curve: pd.DataFrame) -> list[str]:
+    """One line per pair: the best tree against the best chain over all kinds, and what their passes cost."""
+    out = []
+    for r in comp[(comp.compared == "best") & (comp.kind == ALL)].itertuples():
+        a = arms[(arms.pair == r.pair) & (arms.kind == ALL)].set_index("config")
+        word = ("faster than" if r.lo > 1 else "slower than" if r.hi < 1 else "not told apart from") if r.lo == r.lo \
+            else "compared in too few blocks with"
+        line = (f"- **{r.pair}** (target {r.target_dtype}): the best tree, {r.tree} (x{r.tree_speedup:.2f} over "
+                f"plain, {r.tree_tokens_per_pass:.2f} tokens per pass), is {word} the best chain, {r.chain} "
+                f"(x{r.chain_speedup:.2f}, {r.chain_tokens_per_pass:.2f} tokens per pass): tree/chain "
+                f"{r.tree_over_chain:.2f}"
+                + (f" ({r.lo:.2f}-{r.hi:.2f}, {r.blocks} blocks)" if r.lo == r.lo else ""))
+        c = curve[(curve.pair == r.pair)]
+        tree_w, chain_w = a.pass_width.get(r.tree, np.nan), a.pass_width.get(r.chain, np.nan)
+        cost = (lambda label, w: float(np.interp(w, *c[c["pass"] == label].sort_values("width")[["width", "steps"]]
+                                                 .to_numpy().T)) if (c["pass"] == label).any() and w == w else np.nan)
+        tc, cc = cost("tree", tree_w), cost("chain", chain_w)
+        if tc == tc and cc == cc:
+            line += (f"; its passes are {tree_w:.1f} tokens wide on average and cost {tc:.2f} target steps, the "
+                     f"chain's {chain_w:.1f} and {cc:.2f}")
+        out.append(line + ".")
+    return out
+
+
 def interval(lo: pd.Series, hi: pd.Series) -> list[str]:
     return [f"{a:.2f}-{b:.2f}" if a == a else "" for a, b in zip(lo, hi)]
 
@@ -206,6 +230,7 @@ def markdown(campaign: str, arms: pd.DataFrame, comp: pd.DataFrame, curve: pd.Da
     s.append("Trees and chains ran in the same rotated blocks as plain decoding (`+sweep=trees`). tree/chain = median "
              "of within-block ratios of the two configurations' tokens/s (95% bootstrap interval); 'same width' "
              "sets a tree beside the draft-model chain whose pass is as wide (k = nodes).\n")
+    s += verdicts(comp, arms, curve) + [""]
     best = comp[comp.compared == "best"].assign(interval=lambda d: interval(d.lo, d.hi))
     s += ["**Best tree vs best chain**\n", markdown_table(best[[
         "pair", "target_dtype", "kind", "tree", "tree_speedup", "tree_tokens_per_pass", "chain", "chain_speedup",
@@ -236,8 +261,8 @@ def main() -> None:
     boot = bootstrap_settings(params)
     outputs = params["outputs_dir"]
     campaign_dir(outputs, campaign)
-    speed, timing = (read_stage(outputs, stage, campaign) if layout.stage_paths(outputs, campaign, stage) else pd.DataFrame()
-                     for stage in ("speed", "timing"))
+    speed, timing = (read_stage(outputs, stage, campaign) if layout.stage_paths(outputs, campaign, stage)
+                     else pd.DataFrame() for stage in ("speed", "timing"))
     costs = pass_costs(timing) if not timing.empty else pd.DataFrame(columns=["pair", "model", "pass_len", "median_s"])
     arms = comp = pd.DataFrame()
     if not speed.empty:

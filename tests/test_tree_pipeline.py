@@ -134,6 +134,8 @@ def test_analysis_tables_from_rows():
     assert ("code", "same width") not in comp.index  # no chain with k = 4 ran
     text = markdown("trees", arms.reset_index(), comp.reset_index(), pd.DataFrame())
     assert "Best tree vs best chain" in text and "0.75 0.33" in text
+    # Pooled: x1.25 in code's blocks, x0.75 in prose's: the interval spans 1, and the verdict says so.
+    assert "is not told apart from the best chain, chain model k=2" in text
 
 
 def test_depth_acceptance_and_width_pool_runs():
