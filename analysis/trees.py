@@ -205,7 +205,7 @@ def verdicts(comp: pd.DataFrame, arms: pd.DataFrame, curve: pd.DataFrame) -> lis
                 f"(x{r.chain_speedup:.2f}, {r.chain_tokens_per_pass:.2f} tokens per pass): tree/chain "
                 f"{r.tree_over_chain:.2f}"
                 + (f" ({r.lo:.2f}-{r.hi:.2f}, {r.blocks} blocks)" if r.lo == r.lo else ""))
-        c = curve[(curve.pair == r.pair)]
+        c = curve[curve.pair == r.pair] if len(curve) else pd.DataFrame(columns=["pass", "width", "steps"])
         tree_w, chain_w = a.pass_width.get(r.tree, np.nan), a.pass_width.get(r.chain, np.nan)
         cost = (lambda label, w: float(np.interp(w, *c[c["pass"] == label].sort_values("width")[["width", "steps"]]
                                                  .to_numpy().T)) if (c["pass"] == label).any() and w == w else np.nan)

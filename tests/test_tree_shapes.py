@@ -220,7 +220,7 @@ def test_lookup_tree_without_match_is_empty():
     (lambda m: DynamicTreeDrafter(m, nodes=0), ["nodes=0"]),
     (lambda m: DynamicTreeDrafter(m, depth=2.0), ["depth=2.0"]),
     (lambda m: LookupTreeDrafter(max_ngram=2, min_ngram=3), ["min=3", "max=2"]),
-    (lambda m: LookupTreeDrafter(min_ngram=0), ["min=0"]),
+    (lambda m: LookupTreeDrafter(min_ngram=0), ["min_ngram=0"]),
     (lambda m: LookupTreeDrafter(depth=0), ["depth=0"]),
     (lambda m: LookupTreeDrafter(branches=True), ["branches=True"]),
 ])
