@@ -75,6 +75,9 @@ def test_speed_stage_runs_tree_arms_in_the_rotated_blocks(tmp_path):
         assert 0 < sum(passes.values()) <= r.iterations and r.loop_new_tokens <= r.new_tokens
         if r.drafter == "tree:static:2-1":  # pending token + the 2 + 2 nodes of a full tree
             assert max(passes) == 5 and set(parse_counts(r.draft_calls_by_width)) <= {1, 2}
+        if r.drafter == "model":  # a perfect draft: each call after the first all-accepted iteration catches up 2
+            calls = parse_counts(r.draft_calls_by_width)
+            assert sum(calls.values()) == 2 * passes.get(3, 0) and calls.get(2, 0) > 0  # k = 2: 2 calls a full pass
 
 
 def test_timing_stage_times_tree_passes(tmp_path):
@@ -168,6 +171,11 @@ def test_acceptance_and_plan_rank_trees_beside_chains(tmp_path):
     assert len(full) and (full.accepted == 2).all() and (full.draft_call_width == 2).all()
     chains = acc[~acc.drafter.str.startswith("tree:")]
     assert (chains.tree_nodes == 0).all() and (chains.draft_call_width == 1).all()
+    from pipeline.planning import traces
+
+    runs = {key[2]: tr for key, tr, _ in traces(acc[acc.prompt_id == acc.prompt_id.iloc[0]])}
+    assert runs["tree:static:2-1"].tree and not runs["model"].tree and runs["model"].nodes is None
+    assert list(runs["tree:static:2-1"].nodes) == list(static[static.prompt_id == acc.prompt_id.iloc[0]].tree_nodes)
     plan = pd.read_parquet(output_path(cfg, "plan"))
     ranked = plan[plan.kind == "all"].set_index("drafter")
     assert {"tree:static:2-1", "tree:lookup:2-2"} <= set(ranked.index)
