@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 QWEN := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 
-.PHONY: run test setup clean-venv qwen run-qwen test-qwen
+.PHONY: run test setup clean-venv qwen run-qwen test-qwen test-cluster
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,11 @@ run-qwen: qwen
 # Exactness on the Qwen pair: greedy speculative = plain greedy on the shipped prompts at k = 1, 2, 4, 8.
 test-qwen: qwen
 	$(BIN)/python -m pytest -q --qwen -m qwen
+
+# A throwaway single-node SLURM cluster with MLflow on PostgreSQL (as root; installs what is missing): a 4-job
+# sweep as a job array, one job cancelled mid-run and rerun, every file and run checked (README: Running on a cluster).
+test-cluster: setup
+	cluster/test.sh
 
 clean-venv:
 	rm -rf $(VENV)

@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
 from pipeline.results import now, provenance, write_result  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from pipeline.stages.options import check_used  # noqa: E402
-from pipeline.tracking import end_open_parent  # noqa: E402
+from pipeline.tracking import end_open_parent, summary_after_failure  # noqa: E402
 from pipeline.workers import dies_with_sweep  # noqa: E402
 from store.layout import STAGES, StoreError  # noqa: E402
 from store.locks import file_lock, job_lock_path  # noqa: E402
@@ -162,15 +163,33 @@ def run_parts(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    if threading.current_thread() is threading.main_thread():
+        # In a job process of its own (a SLURM array task run by submitit, which ignores SIGTERM; a joblib
+        # worker), scancel or preemption sends SIGTERM: the job ends like Ctrl-C, its runs KILLED.
+        signal.signal(signal.SIGTERM, _terminate)
+    # A job submitit runs (SLURM, submitit_local) must end in an exception, never in an exit or an interrupt:
+    # Hydra records the exception as that job's failure and submitit pickles its result, so the sweep goes on
+    # and names it, instead of waiting for a result that never comes.
+    submitted = bool(os.environ.get("SUBMITIT_EXECUTOR"))
     try:
         with dies_with_sweep():
             run_parts(cfg)
+    except KeyboardInterrupt as err:
+        if submitted:
+            raise JobEnded(f"cancelled ({err}): its runs are KILLED, its finished files kept") from None
+        raise
     except Exception as err:  # noqa: BLE001 - said here, inside the job, so Hydra adds no second line
         line = error_line(err)
         if line is None or os.environ.get("SPECLAB_FULL_ERROR") == "1":
             raise
         print(f"speclab: error: {line}", file=sys.stderr)
+        if submitted:
+            raise JobEnded(line) from None
         sys.exit(2)
+
+
+class JobEnded(ValueError):
+    """A submitted job that was cancelled or refused its input: one line, as its failure in the sweep."""
 
 
 def _terminate(signum, frame) -> None:
@@ -192,6 +211,7 @@ def cli() -> None:
         end_open_parent("KILLED")
         raise
     except Exception as err:  # noqa: BLE001 - sorted below: bad input is one line, a bug keeps its traceback
+        summary_after_failure()
         line = None if full else error_line(err)
         if line is None:
             raise

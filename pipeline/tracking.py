@@ -122,6 +122,7 @@ GROUPS = ("pair", "prompts", "stage", "sampling", "drafter", "k_policy", "sweep"
 PARENT_ENV = "SPECLAB_PARENT_RUN"  # the multirun's run, for its jobs (also in launcher subprocesses)
 PARENT_URI_ENV = "SPECLAB_PARENT_URI"
 SWEEP_PID_ENV = "SPECLAB_SWEEP_PROCESS"  # "<pid> <host>" of the multirun's own process
+SWEEP_DIR_ENV = "SPECLAB_SWEEP_DIR"  # the multirun's folder, for a summary when a job's failure ends the sweep
 
 
 def _cpu_model() -> str:
@@ -342,6 +343,7 @@ class CreateTrackingStore(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         os.environ[SWEEP_PID_ENV] = f"{os.getpid()} {platform.node()}"  # joblib workers die with this process
+        os.environ[SWEEP_DIR_ENV] = str(config.hydra.sweep.dir)
         if not self.enabled:
             return
         problem = tracking_problem(self.uri, "multirun")
@@ -368,8 +370,18 @@ class CreateTrackingStore(Callback):
         table, lines = multirun_summary(Path(str(config.hydra.sweep.dir)), self.tracker, self.parent)
         if self.tracker and self.parent:
             self.tracker.finish(self.parent, {"jobs": float(len(table))}, description=lines, table=table)
-        for var in (PARENT_ENV, PARENT_URI_ENV, SWEEP_PID_ENV):
+        for var in (PARENT_ENV, PARENT_URI_ENV, SWEEP_PID_ENV, SWEEP_DIR_ENV):
             os.environ.pop(var, None)
+
+
+def summary_after_failure() -> None:
+    """A multirun whose job failed ends in Hydra's error before its summary: print the summary anyway (each
+    job's record says computed, found, failed or killed), so the sweep names the job that failed."""
+    sweep_dir = os.environ.pop(SWEEP_DIR_ENV, None)
+    if sweep_dir and Path(sweep_dir).is_dir():
+        from pipeline.summary import multirun_summary
+
+        multirun_summary(Path(sweep_dir))
 
 
 def end_open_parent(status: str) -> None:

@@ -1,0 +1,20 @@
+"""A multirun ended by a job's failure still prints its summary, naming the job (pipeline.tracking)."""
+import json
+
+from pipeline.summary import RECORD
+from pipeline.tracking import SWEEP_DIR_ENV, summary_after_failure
+
+
+def test_the_summary_names_the_killed_job(tmp_path, monkeypatch, capsys):
+    for job, status in enumerate(["computed", "killed"]):
+        folder = tmp_path / str(job)
+        folder.mkdir()
+        (folder / RECORD).write_text(json.dumps({"job": job, "overrides": f"k={job + 1} pair=tiny_random", "parts": [
+            {"stage": "speed", "status": status, "file": "", "headline": ""}]}))
+    monkeypatch.setenv(SWEEP_DIR_ENV, str(tmp_path))
+    summary_after_failure()
+    out = capsys.readouterr().out
+    assert f"multirun of 2 jobs in {tmp_path}" in out and "| killed " in out and "k=2" in out
+    assert "status: 1 computed, 1 killed" in out
+    summary_after_failure()  # the folder is said once: the variable is used up
+    assert capsys.readouterr().out == ""
