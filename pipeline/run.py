@@ -163,14 +163,14 @@ def run_parts(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if threading.current_thread() is threading.main_thread():
-        # In a job process of its own (a SLURM array task run by submitit, which ignores SIGTERM; a joblib
-        # worker), scancel or preemption sends SIGTERM: the job ends like Ctrl-C, its runs KILLED.
-        signal.signal(signal.SIGTERM, _terminate)
     # A job submitit runs (SLURM, submitit_local) must end in an exception, never in an exit or an interrupt:
     # Hydra records the exception as that job's failure and submitit pickles its result, so the sweep goes on
     # and names it, instead of waiting for a result that never comes.
     submitted = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    if submitted and threading.current_thread() is threading.main_thread():
+        # Its process is the job's own; submitit ignores SIGTERM, which scancel and preemption send: the job
+        # ends like Ctrl-C, its runs KILLED. (A joblib worker keeps SIGTERM's default between jobs: workers.py.)
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         with dies_with_sweep():
             run_parts(cfg)
