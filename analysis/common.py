@@ -18,6 +18,7 @@ from pandas.api.types import is_bool_dtype, is_numeric_dtype  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
+from store import layout  # noqa: E402
 from store.compat import with_defaults  # noqa: E402
 from store.files import atomic_write  # noqa: E402
 
@@ -60,6 +61,14 @@ def read_stage(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFra
         return pd.DataFrame()
     df = with_defaults(pd.concat([f.data for f in files], ignore_index=True))
     return df.assign(campaign=campaign)
+
+
+def read_stage_if_any(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFrame:
+    """``read_stage``, or an empty frame where the campaign holds no file of the stage (a section of a campaign
+    still being measured, or absent, says "not measured" instead of stopping)."""
+    if not layout.stage_paths(outputs_dir, campaign, stage):
+        return pd.DataFrame()
+    return read_stage(outputs_dir, stage, campaign)
 
 
 def bootstrap_settings(params: dict) -> dict:

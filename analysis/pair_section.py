@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.breakeven import after_prompt, c_verify_for, cost_ratios
-from analysis.common import (bootstrap_settings, load_params, markdown_table, read_stage, run_script, save_csv,
+from analysis.common import (bootstrap_settings, load_params, markdown_table, read_stage_if_any, run_script, save_csv,
                              save_json)
 from analysis.drift import drift_table, drop_drifted
 from analysis.fit import acceptance_table, alpha_hat, formula_acceptance, formula_speed, speed_points
@@ -75,7 +75,7 @@ def read_campaign(outputs_dir: str | Path, campaign: str, boot: dict) -> Campaig
     campaign) are empty, never an error. A bad file still stops the script (analysis.inputs)."""
     campaign_dir(outputs_dir, campaign)  # validates the name
     files = {s: len(layout.stage_paths(outputs_dir, campaign, s)) for s in layout.STAGES}
-    frames = {s: read_stage(outputs_dir, s, campaign) if files[s] else pd.DataFrame() for s in STAGES}
+    frames = {s: read_stage_if_any(outputs_dir, s, campaign) for s in STAGES}
     rec = recommendation(str(outputs_dir), campaign, boot) if files["plan"] else None
     return CampaignData(campaign, frames["timing"], frames["acceptance"], frames["speed"], files, rec)
 

@@ -182,30 +182,30 @@ def pair_campaign_section(params: dict) -> list[str]:
     if not campaign:
         return []
     campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
-    path = Path(params["analysis_dir"]) / campaign / "section.md"
-    if not path.is_file():
-        return [f"## Pair campaign {campaign}\n", "_no section yet: run `python -m analysis.pair_section` "
-                                                   "(or `dvc repro`)_\n"]
-    return [path.read_text().rstrip("\n") + "\n"]
+    return section_file(Path(params["analysis_dir"]) / campaign / "section.md", f"Pair campaign {campaign}",
+                        "analysis.pair_section")
 
 
 def trees_section(params: dict) -> list[str]:
     """The tree-vs-chain section, as analysis.trees wrote it; none without trees_campaign."""
     if not params.get("trees_campaign"):
         return []
-    path = Path(params["analysis_dir"]) / "trees" / "section.md"
-    if not path.is_file():
-        return ["## Tree-shaped drafts vs chains\n", "_no section yet: run `python -m analysis.trees` (or `dvc repro`)_\n"]
-    return [path.read_text().rstrip("\n") + "\n"]
+    return section_file(Path(params["analysis_dir"]) / "trees" / "section.md", "Tree-shaped drafts vs chains",
+                        "analysis.trees")
 
 
 def spec_bench_section(params: dict) -> list[str]:
     """The Spec-Bench table's section, as analysis.spec_bench wrote it; none without spec_bench_campaign."""
     if not params.get("spec_bench_campaign"):
         return []
-    path = Path(params["analysis_dir"]) / "spec_bench" / "section.md"
+    return section_file(Path(params["analysis_dir"]) / "spec_bench" / "section.md", "Spec-Bench workloads",
+                        "analysis.spec_bench")
+
+
+def section_file(path: Path, title: str, module: str) -> list[str]:
+    """A section another script wrote, or its title and how to write it."""
     if not path.is_file():
-        return ["## Spec-Bench workloads\n", "_no section yet: run `python -m analysis.spec_bench` (or `dvc repro`)_\n"]
+        return [f"## {title}\n", f"_no section yet: run `python -m {module}` (or `dvc repro`)_\n"]
     return [path.read_text().rstrip("\n") + "\n"]
 
 

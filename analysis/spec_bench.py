@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, read_stage, run_script,
-                             save_json, save_table)
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, read_stage_if_any,
+                             run_script, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
 from analysis.recommend import config_label, read_plans
 from pipeline.prompts import MT_BENCH, POOLS
-from store import layout
 from store.plans import latest_plan
 from store.files import atomic_write_text
 
@@ -150,7 +149,7 @@ def main() -> None:
     boot = bootstrap_settings(params)
     outputs = params["outputs_dir"]
     campaign_dir(outputs, campaign)
-    speed = read_stage(outputs, "speed", campaign) if layout.stage_paths(outputs, campaign, "speed") else pd.DataFrame()
+    speed = read_stage_if_any(outputs, "speed", campaign)
     if not speed.empty:
         speed = drop_drifted(speed, drift_table(speed, float(params["drift"]["max_ratio"])))
     rows = spec_bench_rows(speed) if not speed.empty else pd.DataFrame()

@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, read_stage, run_script,
-                             save_figure, save_json, save_table)
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, read_stage_if_any,
+                             run_script, save_figure, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
 from pipeline.trees import is_tree, parse_tree
 from speclab.tree_time import CostCurve, parse_counts, predicted_speedup
-from store import layout
 from store.files import atomic_write_text
 
 import matplotlib.pyplot as plt  # noqa: E402  (analysis.common selects the headless backend first)
@@ -261,8 +260,7 @@ def main() -> None:
     boot = bootstrap_settings(params)
     outputs = params["outputs_dir"]
     campaign_dir(outputs, campaign)
-    speed, timing = (read_stage(outputs, stage, campaign) if layout.stage_paths(outputs, campaign, stage)
-                     else pd.DataFrame() for stage in ("speed", "timing"))
+    speed, timing = (read_stage_if_any(outputs, stage, campaign) for stage in ("speed", "timing"))
     costs = pass_costs(timing) if not timing.empty else pd.DataFrame(columns=["pair", "model", "pass_len", "median_s"])
     arms = comp = pd.DataFrame()
     if not speed.empty:

@@ -280,9 +280,9 @@ class PromptLookupDrafter:
         return []
 
 
-def lookup_match(seq: torch.Tensor, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, int]:
-    """(n, start): the longest final n-gram of seq (max_ngram down to min_ngram) with an earlier
-    occurrence, and where the tokens after its latest occurrence begin; (0, -1) when none has one."""
+def lookup_hits(seq: torch.Tensor, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, torch.Tensor]:
+    """(n, starts): the longest final n-gram of seq (max_ngram down to min_ngram) with an earlier occurrence,
+    and where each earlier occurrence starts (ascending); (0, empty) when none has one."""
     length = seq.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         pattern = seq[length - n:]
@@ -290,8 +290,15 @@ def lookup_match(seq: torch.Tensor, max_ngram: int = 3, min_ngram: int = 1) -> t
         windows = seq[: length - 1].unfold(0, n, 1)
         hits = torch.nonzero((windows == pattern).all(dim=1)).flatten()
         if hits.numel():
-            return n, int(hits[-1]) + n  # the most recent occurrence
-    return 0, -1
+            return n, hits
+    return 0, seq.new_empty(0)
+
+
+def lookup_match(seq: torch.Tensor, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, int]:
+    """(n, start): the longest final n-gram of seq (max_ngram down to min_ngram) with an earlier
+    occurrence, and where the tokens after its latest occurrence begin; (0, -1) when none has one."""
+    n, hits = lookup_hits(seq, max_ngram, min_ngram)
+    return (n, int(hits[-1]) + n) if n else (0, -1)  # the most recent occurrence
 
 
 def continuation(seq: torch.Tensor, n: int, start: int, k: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from speclab.cache import crop_to, forward_logits, new_cache
 from speclab.timing import Stopwatch
-from speclab.tree import attention_rows, tree_forward
+from speclab.tree import Tree, tree_forward, tree_inputs
 
 
 @dataclass(frozen=True)
@@ -81,15 +81,8 @@ def tree_pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, node_count
     nodes = torch.randint(0, model.config.vocab_size, (max(node_counts),), generator=gen).to(device)
     inputs = {}
     for n in node_counts:
-        parents = [i // 2 - 1 for i in range(n)]  # two children per node, breadth first
-        depth = []
-        for p in parents:
-            depth.append(1 if p < 0 else depth[p] + 1)
-        ancestors = []
-        for i, p in enumerate(parents):
-            ancestors.append(([] if p < 0 else ancestors[p] + [p]))
-        allow = attention_rows(ctx, 0, [[ctx + 1 + a for a in anc] for anc in ancestors], 1)
-        inputs[n] = (torch.cat([prompt_ids[0, -1:], nodes[:n]]), allow, [ctx] + [ctx + d for d in depth])
+        tree = Tree(nodes[:n], [i // 2 - 1 for i in range(n)])  # two children per node, breadth first
+        inputs[n] = (torch.cat([prompt_ids[0, -1:], tree.tokens]), *tree_inputs(tree, ctx, ctx + 1))
     samples: dict[int, list[float]] = {n: [] for n in node_counts}
     for rep in range(warmup + repeats):
         for n in node_counts:

@@ -55,11 +55,7 @@ class Tree:
 
     def path(self, node: int) -> list[int]:
         """The nodes from the root's child down to ``node``."""
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
+        return root_path(self.parents, node)
 
     @staticmethod
     def empty(device: torch.device) -> "Tree":
@@ -68,6 +64,15 @@ class Tree:
     @staticmethod
     def chain(tokens: torch.Tensor, draws: torch.Tensor | None = None) -> "Tree":
         return Tree(tokens, list(range(-1, tokens.shape[0] - 1)), draws)
+
+
+def root_path(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's child down to ``node`` in a parent list (-1: the root), e.g. while a tree grows."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
 
 
 def attention_rows(base: int, fed_before: int, parents_cols: list[list[int]], pending: int) -> torch.Tensor:
@@ -89,6 +94,14 @@ def attention_rows(base: int, fed_before: int, parents_cols: list[list[int]], pe
         allow[pending + j, cols] = True
         allow[pending + j, start + pending + j] = True
     return allow
+
+
+def tree_inputs(tree: Tree, seen: int, length: int) -> tuple[torch.Tensor, list[int]]:
+    """Visibility and position ids of one verification pass over a cache of ``seen`` tokens: the pending
+    context tokens ``seen..length-1`` (causal), then every node (context, ancestors, itself) at length - 1 + depth."""
+    pending = length - seen
+    allow = attention_rows(seen, 0, [[seen + pending + a for a in tree.path(j)[:-1]] for j in range(tree.n)], pending)
+    return allow, list(range(seen, length)) + [length - 1 + d for d in tree.depth]
 
 
 def additive_mask(allow: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -13,8 +13,9 @@ from typing import Protocol
 import torch
 
 from speclab.cache import forward_logits, new_cache
+from speclab.drafters import lookup_hits
 from speclab.sampling import SamplingConfig, logits_to_probs
-from speclab.tree import Tree, attention_rows, check_tree_model, tree_forward
+from speclab.tree import Tree, attention_rows, check_tree_model, root_path, tree_forward
 from speclab.tree_cache import check_plain_cache, keep_path
 from speclab.tree_rules import without_replacement_rows
 
@@ -142,7 +143,7 @@ class StaticTreeDrafter(_DraftModelTree):
         level: list[int] = [-1]
         for d, b in enumerate(shape):
             if d:
-                logits = self.draft.level_logits(level, torch.cat(tokens)[level], [self._path(parents, n)[:-1]
+                logits = self.draft.level_logits(level, torch.cat(tokens)[level], [root_path(parents, n)[:-1]
                                                                                   for n in level], [d] * len(level))
             q = _scores(logits, sampling)
             if sampling.do_sample:
@@ -156,14 +157,6 @@ class StaticTreeDrafter(_DraftModelTree):
             parents += [node for node in level for _ in range(b)]
             level = list(range(start, len(parents)))
         return Tree(torch.cat(tokens), parents, torch.cat(draws) if draws else None)
-
-    @staticmethod
-    def _path(parents: list[int], node: int) -> list[int]:
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = parents[node]
-        return out[::-1]
 
     def keep(self, path: list[int]) -> None:
         self.draft.keep_nodes(path)
@@ -202,7 +195,7 @@ class DynamicTreeDrafter(_DraftModelTree):
             if d > 1:
                 logits = self.draft.level_logits(
                     frontier, torch.tensor([tok[n] for n in frontier], device=ids.device),
-                    [self._ancestors(parent, n) for n in frontier], [d - 1] * len(frontier))
+                    [root_path(parent, n)[:-1] for n in frontier], [d - 1] * len(frontier))
             q = _scores(logits, sampling)
             top = torch.topk(q, min(self.topk, q.shape[-1]), dim=-1)
             logq = top.values.clamp_min(torch.finfo(torch.float32).tiny).log().tolist()
@@ -226,15 +219,6 @@ class DynamicTreeDrafter(_DraftModelTree):
         self._keys = kept
         return Tree(torch.tensor([tok[n] for n in kept], dtype=torch.long, device=ids.device),
                     [index[parent[n]] if parent[n] >= 0 else -1 for n in kept])
-
-    @staticmethod
-    def _ancestors(parent: list[int], node: int) -> list[int]:
-        out = []
-        node = parent[node]
-        while node >= 0:
-            out.append(node)
-            node = parent[node]
-        return out[::-1]
 
     def keep(self, path: list[int]) -> None:
         self.draft.keep_nodes([self._keys[i] for i in path])
@@ -262,13 +246,8 @@ class LookupTreeDrafter:
 
     def matches(self, seq: torch.Tensor) -> list[int]:
         """Where the continuations of the longest matched final n-gram start, most recent first."""
-        length = seq.shape[0]
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            windows = seq[: length - 1].unfold(0, n, 1)
-            hits = torch.nonzero((windows == seq[length - n:]).all(dim=1)).flatten()
-            if hits.numel():
-                return [int(h) + n for h in hits.flip(0)[: self.branches]]
-        return []
+        n, hits = lookup_hits(seq, self.max_ngram, self.min_ngram)
+        return [int(h) + n for h in hits.flip(0)[: self.branches]]
 
     def propose_tree(self, ids: torch.Tensor, length: int, sampling: SamplingConfig,
                      generator: torch.Generator | None, max_depth: int) -> Tree:
@@ -293,5 +272,3 @@ class LookupTreeDrafter:
     def keep(self, path: list[int]) -> None:
         pass
 
-
-TREE_DRAFTERS = (StaticTreeDrafter, DynamicTreeDrafter, LookupTreeDrafter)

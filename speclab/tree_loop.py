@@ -21,7 +21,7 @@ from speclab.checks import check_call, draft_models
 from speclab.loop import GenerationResult, IterationStats, _check_prompt
 from speclab.sampling import GREEDY, SamplingConfig, logits_to_probs
 from speclab.timing import Stopwatch, synchronize
-from speclab.tree import Tree, attention_rows, check_tree_model, tree_forward, walk_greedy, walk_sample
+from speclab.tree import Tree, check_tree_model, tree_forward, tree_inputs, walk_greedy, walk_sample
 from speclab.tree_cache import check_plain_cache, keep_path
 from speclab.tree_drafters import TreeDrafter
 from speclab.tree_rules import accept_candidates
@@ -31,12 +31,9 @@ def verify_tree(target: torch.nn.Module, cache: object, seq: torch.Tensor, seen:
                 tree: Tree) -> torch.Tensor:
     """The target's logits at the root (after ``seq[0, :length]``) and at every node [n + 1, V], from one
     pass over ``seq[0, seen:length]`` and the tree's nodes."""
-    pending = length - seen
     if not tree.n:
         return forward_logits(target, seq[:, seen:length], cache, 1)
-    allow = attention_rows(seen, 0, [[seen + pending + a for a in tree.path(j)[:-1]] for j in range(tree.n)],
-                           pending)
-    positions = list(range(seen, length)) + [length - 1 + d for d in tree.depth]
+    allow, positions = tree_inputs(tree, seen, length)
     return tree_forward(target, cache, torch.cat([seq[0, seen:length], tree.tokens]), allow, positions, tree.n + 1)
 
 

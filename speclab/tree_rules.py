@@ -62,12 +62,3 @@ def without_replacement_rows(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tens
         rows[i:, drawn[i - 1]] = 0.0
     return rows / rows.sum(dim=1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
 
-
-TREE_RULES = {"correct": accept_candidates, "fixed_p": accept_candidates_fixed_p}
-
-
-def tree_rule(name: str):
-    try:
-        return TREE_RULES[name]
-    except KeyError:
-        raise ValueError(f"unknown tree acceptance rule {name!r}: allowed are {sorted(TREE_RULES)}") from None
