@@ -78,3 +78,41 @@ def test_zero_draft_probability_never_divides_by_zero():
 def test_unknown_rule_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown acceptance rule 'bogus'"):
         sampling_rule("bogus")
+
+
+def _rows(*dists):
+    return torch.stack([torch.tensor(d) / sum(d) for d in dists])
+
+
+# Four target rows over 6 tokens, each putting its mass on other tokens, so that a token drawn from the
+# wrong row is seen at once.
+P_ROWS = _rows([8, 1, 1, 0, 0, 0], [0, 8, 1, 1, 0, 0], [0, 0, 8, 1, 1, 0], [1, 0, 0, 1, 2, 6])
+
+
+def _emitted(k, q, props, n_draws=4000, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    counts, accepted = np.zeros(6), []
+    for _ in range(n_draws):
+        n, nxt = accept_sample(props, P_ROWS[: k + 1], q, g)
+        accepted.append(n)
+        counts[nxt] += 1
+    return counts, accepted
+
+
+def test_bonus_token_is_drawn_from_the_target_row_after_the_last_proposal():
+    """Draft = target: every proposal is accepted and the bonus token follows p at position k, not an earlier row."""
+    k = 3
+    counts, accepted = _emitted(k, P_ROWS[:k], torch.tensor([0, 1, 2]))
+    assert set(accepted) == {k}
+    assert chi_square(counts, P_ROWS[k].numpy()).pvalue > 1e-3
+    assert counts[5] > 0.5 * counts.sum()  # p[3] puts 0.6 on token 5, no earlier row puts any
+
+
+def test_correction_after_a_rejection_is_drawn_from_that_positions_residual():
+    """Proposal 1 has target probability 0: always rejected there, and the correction follows norm(max(p_1 - q_1, 0))."""
+    k = 3
+    q = _rows([8, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 8, 1, 1, 0])
+    counts, accepted = _emitted(k, q, torch.tensor([0, 5, 2]))
+    assert set(accepted) == {1}
+    assert chi_square(counts, residual(P_ROWS[1], q[1]).numpy()).pvalue > 1e-3
+    assert counts[[0, 5]].sum() == 0  # tokens of row 0 or of the bonus row would mean the wrong row

@@ -1,4 +1,5 @@
 """Prompt-lookup drafting and adaptive k: right proposals, exact output, k moving the right way."""
+import numpy as np
 import pytest
 import torch
 
@@ -303,3 +304,42 @@ def test_conditioned_policy_keeps_the_sampling_distribution():
         ks.update(it.k for it in res.iterations)
     assert len(ks) > 1  # k moved with the labels
     assert chi_square(counts, joint.flatten().numpy()).pvalue > 0.001
+
+
+def test_cost_model_estimate_is_decayed_accepted_over_decayed_checked_counts():
+    """Hand-computed: prior 0.6 x 2 checks, decay 0.7; (proposed, accepted) = (4, 2), (3, 3), (5, 0) checks 3, 3 and
+    1 proposals (a rejection is checked, what follows it is not)."""
+    p = CostModelK(0.3, 1.0, k_min=1, k_max=10, decay=0.7, alpha0=0.6, prior_weight=2.0)
+    acc, chk = 1.2, 2.0
+    assert p.alpha == pytest.approx(acc / chk)
+    for (proposed, accepted), checked in zip([(4, 2), (3, 3), (5, 0)], [3, 3, 1]):
+        p.update(proposed, accepted)
+        acc, chk = 0.7 * acc + accepted, 0.7 * chk + checked
+        assert (p.acc, p.chk) == (pytest.approx(acc), pytest.approx(chk))
+    assert p.alpha == pytest.approx(3.4916 / 5.256)
+    # Per position: proposals accepted at each position, and checks that reached it.
+    assert np.allclose(p.pos_acc[:4], [0.7 * 1.7, 0.7 * 1.7, 0.7 * 1.0, 0.0])
+    assert np.allclose(p.pos_chk[:4], [0.7 * 1.7 + 1, 0.7 * 1.7, 0.7 * 1.7, 0.0])
+    a = p.alpha
+    rate = (p.pos_acc + 2.0 * a) / (p.pos_chk + 2.0)
+    assert np.allclose(p.survival(), np.cumprod(np.minimum(rate, 0.999)))
+    p.update(0, 0)  # a plain step (k_min = 1: the loop's last token) teaches nothing
+    assert p.alpha == pytest.approx(3.4916 / 5.256)
+
+
+def test_cost_model_k_is_the_best_predicted_k_for_its_estimate():
+    from speclab.cost_model import best_k
+
+    p = CostModelK(0.2, 1.1, k_min=1, k_max=8, decay=0.5, alpha0=0.6, prior_weight=2.0)
+    for proposed, accepted in [(2, 2), (3, 3), (4, 1), (5, 5)]:
+        p.update(proposed, accepted)
+        assert p.k == best_k(min(p.alpha, 0.999), 0.2, 1.1, 8)
+
+
+def test_hybrid_uses_lookup_exactly_when_the_continuation_reaches_min_match(tiny_pair):
+    from speclab.drafters import HybridDrafter
+
+    seq = torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3]).view(1, -1)  # [1, 2, 3] continues at 10
+    assert HybridDrafter(tiny_pair[1], min_match=5).label(seq, 15) == 3  # 5 tokens follow the match: enough
+    assert HybridDrafter(tiny_pair[1], min_match=6).label(seq, 15) == "model"
+    assert HybridDrafter(tiny_pair[1], min_match=1).label(seq, 15) == 3

@@ -31,3 +31,50 @@ def test_chi_square_top_pools_remainder():
 def test_chi_square_bad_input():
     with pytest.raises(ValueError, match="all-zero"):
         chi_square(np.zeros(3), np.ones(3) / 3)
+
+
+def test_a_thin_pooled_tail_merges_into_the_smallest_kept_bin():
+    """Expected 50, 30, 16, 2.4, 1.6 (n = 100): the pooled tail (4) is still below 5, so it joins the 16 bin;
+    nothing is dropped and the kept bins keep their order (most likely first)."""
+    probs = np.array([0.50, 0.30, 0.16, 0.024, 0.016])
+    counts = np.array([48, 33, 12, 4, 3])
+    obs, exp = pool_bins(counts, probs)
+    assert obs.tolist() == [48, 33, 19]
+    assert np.allclose(exp, [50, 30, 20])
+
+
+def test_a_tail_reaching_the_minimum_is_its_own_bin():
+    probs = np.array([0.60, 0.30, 0.06, 0.04])  # expected 60, 30, 6, 4: the two thin bins pool to 10
+    obs, exp = pool_bins(np.array([58, 31, 7, 4]), probs)
+    assert obs.tolist() == [58, 31, 7, 4][:2] + [11] and np.allclose(exp, [60, 30, 10])
+    obs, exp = pool_bins(np.array([58, 31, 7, 4]), probs, min_expected=4.0)  # 4 is enough: nothing pooled
+    assert obs.tolist() == [58, 31, 7, 4] and np.allclose(exp, [60, 30, 6, 4])
+
+
+def test_chi_square_statistic_and_dof_by_hand():
+    counts, probs = np.array([30, 50, 20]), np.array([0.25, 0.5, 0.25])
+    res = chi_square(counts, probs)
+    stat = (30 - 25) ** 2 / 25 + 0 + (20 - 25) ** 2 / 25
+    assert res.statistic == pytest.approx(stat) and res.dof == 2 and res.n_bins == 3
+    assert res.pvalue == pytest.approx(np.exp(-stat / 2))  # chi-square with 2 dof: survival exp(-x/2)
+    one = chi_square(np.array([10, 0]), np.array([1.0, 0.0]))  # everything in one bin: nothing to test
+    assert (one.statistic, one.pvalue, one.dof, one.n_bins) == (0.0, 1.0, 0, 1)
+
+
+def test_chi_square_top_keeps_the_most_likely_tokens():
+    probs = np.array([0.05, 0.4, 0.05, 0.3, 0.2])
+    counts = np.array([5, 40, 5, 30, 20])
+    res = chi_square_top(counts, probs, n_top=3)  # tokens 1, 3, 4 kept, 0 and 2 pooled (expected 10)
+    assert res.n_bins == 4 and res.statistic == pytest.approx(0.0)
+    skewed = chi_square_top(np.array([10, 40, 0, 30, 20]), probs, n_top=3)
+    assert skewed.statistic == pytest.approx(0.0)  # only the pooled remainder is compared
+
+
+def test_chi_square_power_separates_near_and_far_distributions():
+    from speclab.stats import chi_square_power
+
+    null = np.array([0.4, 0.3, 0.2, 0.1])
+    assert chi_square_power(null, null, 2000, sims=100) < 0.1
+    assert chi_square_power(np.array([0.25] * 4), null, 2000, sims=50) == 1.0
+    far = chi_square_power(np.array([0.37, 0.3, 0.2, 0.13]), null, 500, sims=100, seed=1)
+    assert 0.1 < far < 1.0  # a small shift at a small n: detected sometimes, so the count itself matters
