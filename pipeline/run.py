@@ -22,7 +22,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import hydra  # noqa: E402
-import torch  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from pipeline.config_schema import ConfigError, check_config, register  # noqa: E402
@@ -127,8 +126,7 @@ class Job:
             self.ctx.load.sample()  # at the start; the stage samples between its blocks
             out = module.run(self.ctx)
             self.ctx.load.sample()  # at the end
-            late = {**format_tags(self.ctx.prompt_record), **check_job(part, out, self.cfg, self.ctx.load),
-                    "torch_threads": str(torch.get_num_threads())}  # what the job ran with
+            late = {**format_tags(self.ctx.prompt_record), **check_job(part, out, self.cfg, self.ctx.load)}
             record = provenance(self.cfg, part, started, self.runs.git_commit(), self.ctx.prompt_record)
             write_result(out.rows, module.SCHEMA, path, record)
             logged = self.runs.finish(run_id, part, out, path, late)

@@ -126,16 +126,16 @@ def description_line(trust: str, detail: str) -> str:
 
 def check_job(part: str, out, cfg: DictConfig, load: LoadSampler) -> dict[str, str]:
     """The checks of a finished ``part`` job (``out``: its StageOutput): each failed one a console WARNING, the
-    verdict written on every row (``trust``, ``trust_detail``); returns the run's late tags (``trust`` and the
-    load over the job). Stages without checks get only the load tags."""
+    verdict written on every row (``trust``, ``trust_detail``: JobRuns.finish tags and describes the run from
+    them, also for a file logged later); returns the run's late tags (the load over the job)."""
     if part not in CHECKED_STAGES:
         return load.tags()
     arm_runs = [int(a.metrics["runs"]) for a in out.arms if "runs" in a.metrics]
     failed = job_checks(part, out.rows, out.metrics, arm_runs, cfg, load.samples, usable_cores())
     warn(part, failed)
     trust, detail = verdict(failed)
-    out.rows["trust"], out.rows["trust_detail"] = trust, detail
-    return {"trust": trust, **load.tags()}
+    out.rows["trust"], out.rows["trust_detail"] = trust, detail  # the run's tag and description read them here
+    return load.tags()
 
 
 def run_trust(rows: pd.DataFrame) -> tuple[str, str] | None:

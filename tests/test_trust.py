@@ -183,6 +183,23 @@ def test_one_run_per_arm_fails_the_runs_check_and_prints_no_interval(tmp_path, m
     assert not any("IQR" in m for m in lines)
 
 
+def test_a_file_logged_later_keeps_its_verdict(tmp_path, monkeypatch, restore_threads):
+    """A job that wrote its file with tracking off: the run logged from the file later carries its verdict."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    small = ("stage=timing", "stage.repeats=3", "stage.warmup=0", "stage.pass_lengths=[1]", "threads=1")
+    cfg = make_cfg(tmp_path, *small)
+    run_parts(cfg)
+    assert set(pd.read_parquet(output_path(cfg, "timing")).trust) == {"load"}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_parts(make_cfg(tmp_path, *small, "mlflow.enabled=true", f"mlflow.tracking_uri={uri}"))
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("speclab").experiment_id], "tags.level = 'stage'")
+    assert run.data.tags["logged_from_file"] == "true" and run.data.tags["trust"] == "load"
+    assert "WARNING trust=load: load: load average reached 99.00" in run.data.tags["mlflow.note.content"]
+
+
 def test_torch_threads_tag_is_what_the_job_ran_with(tmp_path, monkeypatch, restore_threads):
     torch.set_num_threads(2)  # the process's default, before the job asks for 1
     seen = []
