@@ -19,10 +19,14 @@ from analysis.inputs import AnalysisError
 from analysis.tracking import Tracking, first_line, quick_http, tracking_settings, unreachable
 
 JOB_KEYS = ["pair", "config_hash"]
+UNCHECKED = "unchecked"
+TRUSTED = ("ok", UNCHECKED)  # pipeline/trust.py's verdicts that leave a job in
 
 
 def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
-    """One row per speed job: before/after step times, the larger of their ratios, and the flag.
+    """One row per speed job: before/after step times, the larger of their ratios, the job's own ``trust``
+    verdict, and the flag: drift above ``max_ratio``, or a job-time check that failed (trust neither ``ok``
+    nor ``unchecked``, the value of files written before the checks).
 
     ``drift_ratio`` = max over target and draft of max(after/before, before/after) step time: the
     definition of the speed stage's MLflow metric ``drift_ratio`` as well.
@@ -30,8 +34,10 @@ def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
     if max_ratio <= 1:
         raise AnalysisError(f"drift.max_ratio={max_ratio} is not allowed: use a factor > 1 (e.g. 1.25)")
     cols = ["target_step_before_s", "target_step_after_s", "draft_step_before_s", "draft_step_after_s"]
+    if "trust" not in speed:  # files written before the job-time checks (store.compat.LATER_COLUMNS)
+        speed = speed.assign(trust=UNCHECKED)
     jobs = speed.groupby(JOB_KEYS, sort=True).agg(
-        **{c: (c, "first") for c in cols},
+        **{c: (c, "first") for c in cols}, trust=("trust", "first"),
         rounds=("round", "first"), kinds=("kind", lambda s: ",".join(sorted(set(s)))), runs=("arm", "size"),
     ).reset_index()
 
@@ -41,7 +47,8 @@ def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
     jobs["target_ratio"] = worst(jobs.target_step_after_s, jobs.target_step_before_s)
     jobs["draft_ratio"] = worst(jobs.draft_step_after_s, jobs.draft_step_before_s)
     jobs["drift_ratio"] = np.maximum(jobs.target_ratio, jobs.draft_ratio)
-    jobs["flagged"] = jobs.drift_ratio > max_ratio
+    # A job whose own checks failed (pipeline/trust.py: drift, load, runs, placement) is flagged as well.
+    jobs["flagged"] = (jobs.drift_ratio > max_ratio) | ~jobs.trust.fillna(UNCHECKED).isin(TRUSTED)
     return jobs
 
 
@@ -142,8 +149,9 @@ def main() -> None:
     save_table(drift, out / "drift.parquet")
     save_figure(figure, figs / "drift.png")
     tagged = tag_mlflow(drift, tracking_settings(params), campaign) if cfg.get("tag_mlflow", True) else 0
-    print(f"analysis.drift: {int(drift.flagged.sum())} of {len(drift)} speed jobs drifted by more than "
-          f"x{cfg['max_ratio']}; {tagged} MLflow runs tagged")
+    untrusted = int((~drift.trust.isin(TRUSTED)).sum())
+    print(f"analysis.drift: {int(drift.flagged.sum())} of {len(drift)} speed jobs flagged (drift above "
+          f"x{cfg['max_ratio']}, or {untrusted} with a failed job-time check); {tagged} MLflow runs tagged")
 
 
 if __name__ == "__main__":

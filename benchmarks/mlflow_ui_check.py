@@ -25,9 +25,10 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parents[1]
 # The compare view's metric table scrolls inside a fixed-height box (alphabetical rows): a job view shows
 # its first rows, an arm view (fewer metrics) shows these in full.
-METRICS = {"compare_runs": ("alpha", "bookkeeping_ms_per_iter", "draft_ms_per_iter", "drift_ratio", "identical_share"),
-           "compare_arms": ("alpha", "draft_ms_per_iter", "plain_tokens_per_s", "spec_tokens_per_s", "speedup",
-                            "tokens_per_pass")}
+# The headline (speedup with its interval, alpha, tokens_per_pass, runs) comes first; the rest is x_<name>.
+METRICS = {"compare_runs": ("alpha", "runs", "speedup", "speedup_hi", "speedup_lo", "tokens_per_pass"),
+           "compare_arms": ("alpha", "runs", "speedup", "speedup_hi", "speedup_lo", "tokens_per_pass",
+                            "x_draft_ms_per_iter", "x_plain_tokens_per_s", "x_spec_tokens_per_s")}
 # Names of the old layout (k and kind inside the metric name): a staircase of empty cells when compared.
 DOTTED = (">speedup_median.", ">alpha.k", ">draft_ms_per_iter.")
 
@@ -45,6 +46,27 @@ def _sweep(uri: str, tmp: Path) -> None:
                    cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
 
 
+def select_runs(runs: list) -> list:
+    """Two speed job runs that differ in k: FINISHED only (a RUNNING or failed job has no or NaN metrics), of the
+    newest run's prompt set only (runs of other prompts do not compare); one per k, newest first. Exits with one
+    line when fewer than two such runs exist."""
+    done = [r for r in runs if r.info.status == "FINISHED"]
+    if not done:
+        raise SystemExit("mlflow_ui_check: no FINISHED speed run in the store; run without --no-sweep")
+    def prompts_of(run) -> str:  # its prompt set (file) and kinds
+        return f"{run.data.tags.get('prompt_set', '?')}: {run.data.tags.get('prompts', '?')}"
+
+    prompts = prompts_of(done[0])  # the newest finished run's
+    same = [r for r in done if prompts_of(r) == prompts]
+    by_k: dict[str, object] = {}
+    for run in same:
+        by_k.setdefault(run.data.params.get("k", "?"), run)
+    if len(by_k) < 2:
+        raise SystemExit(f"mlflow_ui_check: need two FINISHED speed runs with different k on one prompt set "
+                         f"({prompts!r}); found {len(by_k)}: run without --no-sweep")
+    return [by_k[k] for k in sorted(by_k)[:2]]
+
+
 def _pick(uri: str) -> tuple[str, list[str], list[str]]:
     """The experiment and two speed job runs that differ in k (and their pooled 'all' arm runs)."""
     import mlflow
@@ -52,13 +74,8 @@ def _pick(uri: str) -> tuple[str, list[str], list[str]]:
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name("speclab")
     jobs = client.search_runs([exp.experiment_id], "tags.stage = 'speed' and tags.level = 'stage'",
-                              order_by=["attributes.start_time DESC"], max_results=50)
-    by_k: dict[str, str] = {}
-    for run in jobs:
-        by_k.setdefault(run.data.params.get("k", "?"), run.info.run_id)
-    if len(by_k) < 2:
-        raise SystemExit("mlflow_ui_check: need speed runs with two different k in the store; run without --no-sweep")
-    picked = [by_k[k] for k in sorted(by_k)[:2]]
+                              order_by=["attributes.start_time DESC"], max_results=200)
+    picked = [r.info.run_id for r in select_runs(jobs)]
     arms = []
     for rid in picked:
         kids = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{rid}' and params.kind = 'all'")

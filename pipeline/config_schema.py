@@ -201,6 +201,13 @@ class AllStage(SpeedStage, TimingStage, DistributionStage):
 
 
 @dataclass
+class TrustConf:
+    """Job-time trust checks of speed, batch and timing jobs (pipeline/trust.py)."""
+    max_drift: float = 1.25  # the analysis's drift limit (params.yaml drift.max_ratio)
+    min_runs: int = 3  # runs per arm (repeats per timing) an interval needs
+
+
+@dataclass
 class SpeclabConf:
     pair: PairConf = MISSING
     prompts: PromptsConf = MISSING
@@ -209,6 +216,7 @@ class SpeclabConf:
     drafter: Any = MISSING
     k_policy: Any = MISSING
     mlflow: MlflowConf = field(default_factory=MlflowConf)
+    trust: TrustConf = field(default_factory=TrustConf)
     device: str = "auto"
     seed: int = 0
     k: int = 4
@@ -314,6 +322,8 @@ CHECKS: dict[str, Check] = {
     "device": (lambda v: bool(DEVICE.match(str(v))), "one of auto, cpu, cuda, cuda:N, mps"),
     "campaign": (lambda v: bool(NAME.match(str(v))),
                  "a name of letters, digits, '_', '.', '-' (up to 64 characters, no '/')"),
+    "trust.max_drift": _number_in(1, float("inf"), lo_open=True),
+    "trust.min_runs": _int_at_least(1),
     "mlflow.experiment": (lambda v: bool(str(v).strip()), "a non-empty experiment name"),
     "mlflow.tracking_uri": (lambda v: bool(str(v).strip()), "a tracking URI such as sqlite:///mlflow.db"),
     "pair.name": (lambda v: bool(NAME.match(str(v))), "a name of letters, digits, '_', '.', '-'"),

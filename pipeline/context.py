@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from pipeline.jobs import config_hash
 from pipeline.prompts import Prompt, load_prompts
 from pipeline.strategies import drafter_conf, make_drafter, policy_conf, policy_spec
+from pipeline.trust import LoadSampler
 from pipeline.turns import prompt_inputs
 from speclab.models import ModelPair, load_pair
 from speclab.strategy import Strategy, make_strategy, measure_prices
@@ -25,6 +26,7 @@ class StageContext:
     config_hash: str
     _prices: CostTable | None = None
     prompt_record: dict[str, Any] = field(default_factory=dict)  # how the contexts were made (provenance)
+    load: LoadSampler = field(default_factory=LoadSampler)  # the stage's load averages (pipeline/trust.py)
 
     def prices(self, policy: str | None = None) -> CostTable | None:
         """The price table the k policy ``policy`` (None: the job's) reads, if it reads one: measured on
@@ -54,11 +56,17 @@ def load_job_prompts(cfg: DictConfig) -> list[Prompt]:
     return load_prompts(p.file, list(p.kinds), int(p.per_kind), int(p.skip_per_kind))
 
 
+def set_threads(cfg: DictConfig) -> None:
+    """torch's intra-op threads as the job asks (``threads``; 0 keeps torch's default): set before the job's
+    runs are tagged, so their ``torch_threads`` is the number the job runs with."""
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+
+
 def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageContext:
     """Load the pair and build the prompts' contexts (pipeline/turns.py); every prompt is checked to fit before
     any stage computes."""
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    set_threads(cfg)
     torch.manual_seed(int(cfg.seed))
     prompts = prompts if prompts is not None else load_job_prompts(cfg)
     pair = load_pair(cfg.pair.target, cfg.pair.draft, cfg.device, cfg.pair.dtype, cfg.pair.draft_dtype or None)

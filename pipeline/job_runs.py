@@ -14,9 +14,10 @@ from omegaconf import DictConfig
 
 from pipeline.jobs import run_identity, run_params
 from pipeline.redact import redact
-from pipeline.stages import StageOutput, stage_module
-from pipeline.stages.common import run_name
+from pipeline.stages import ArmResult, StageOutput, stage_module
+from pipeline.stages.common import arm_run_name, grouped_metrics, prompt_set, run_name
 from pipeline.summary import headline, write_job_record
+from pipeline.trust import description_line, run_trust
 from pipeline.tracking import (
     PARENT_ENV, Tracker, environment_tags, hydra_tags, machine_tags, resolved_config,
 )
@@ -55,7 +56,7 @@ class JobRuns:
             commit = env.pop("git_commit")  # logged as MLflow's own source tag
             self._tags = {**env, **machine_tags(), **hydra_tags(), "mlflow.source.git.commit": commit,
                           "mlflow.source.name": "pipeline.run", "pair": str(cfg.pair.name),
-                          "prompts": ",".join(cfg.prompts.kinds)}
+                          "prompts": ",".join(cfg.prompts.kinds), "prompt_set": prompt_set(cfg)}
         return self._tags
 
     def file_tags(self) -> dict[str, str]:
@@ -72,7 +73,8 @@ class JobRuns:
             self._own_parent = True
             stage = str(self.cfg.stage.name)  # a stage option named like a part is described like it
             own = stage_module(stage).describe(self.cfg) if stage in STAGES else run_name(self.cfg, stage)
-            self._parent = self.tracker.start(f"job {stage} · {own.split(' ', 1)[1]}",
+            name = own.replace(f" · {stage} · ", f" · {stage} job · ", 1)  # what varies stays first
+            self._parent = self.tracker.start(name,
                                               {"stage": "job", "campaign": str(self.cfg.campaign)},
                                               {**self.tags(), "level": "job"}, self.params)
         return self._parent
@@ -96,9 +98,15 @@ class JobRuns:
                tags: dict[str, str] | None = None) -> bool:
         """The stage run's metrics, files and description, and one child run per compared arm; ``tags``: what
         is known only once the models are loaded (``format_tags``)."""
-        self.tracker.log_arms(run_id, out.arms, run_identity(self.cfg, part), {**self.file_tags(), **(tags or {})},
-                              f"{part} {{arm}} r{self.cfg.round} {self.cfg.pair.name}")
-        done = self.tracker.finish(run_id, out.metrics, [path], self.config, out.summary, tags=tags)
+        tags = dict(tags or {})
+        description = list(out.summary)
+        if (verdict := run_trust(out.rows)) is not None:  # a file logged later carries its verdict in its rows
+            tags["trust"] = verdict[0]
+            description.insert(0, description_line(*verdict))
+        arms = [ArmResult(a.name, a.params, grouped_metrics(a.metrics, part)) for a in out.arms]
+        self.tracker.log_arms(run_id, arms, run_identity(self.cfg, part), {**self.file_tags(), **tags},
+                              arm_run_name(self.cfg, part, "{arm}"))
+        done = self.tracker.finish(run_id, grouped_metrics(out.metrics, part), [path], self.config, description, tags=tags)
         if done:  # a recomputed file: its older runs are no longer the file's
             self.tracker.supersede(run_identity(self.cfg, part), run_id)
         return done

@@ -25,7 +25,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from pipeline.config_schema import ConfigError, check_config, register  # noqa: E402
-from pipeline.context import StageContext, build_context, load_job_prompts  # noqa: E402
+from pipeline.context import StageContext, build_context, load_job_prompts, set_threads  # noqa: E402
 from pipeline.errors import error_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
 from pipeline.job_runs import JobRuns, format_tags  # noqa: E402
@@ -34,6 +34,7 @@ from pipeline.results import now, provenance, write_result  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from pipeline.stages.options import check_used  # noqa: E402
 from pipeline.tracking import end_open_parent, summary_after_failure  # noqa: E402
+from pipeline.trust import LoadSampler, check_job  # noqa: E402
 from pipeline.workers import dies_with_sweep  # noqa: E402
 from store.layout import STAGES, StoreError  # noqa: E402
 from store.locks import file_lock, job_lock_path  # noqa: E402
@@ -78,6 +79,7 @@ class Job:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.parts, self.prompts = validate(cfg)
+        set_threads(cfg)  # before the runs' machine tags are taken
         freeze(cfg)  # the plan and other files the job reads: one for all its hashes and its stage
         self.runs = JobRuns(cfg)
         self.ctx: StageContext | None = None
@@ -120,10 +122,14 @@ class Job:
                          f"{len(self.prompts)} prompts")
                 self.ctx = build_context(self.cfg, self.prompts)
             log.info(f"[{part}] running: {module.describe(self.cfg)}")
+            self.ctx.load = LoadSampler()
+            self.ctx.load.sample()  # at the start; the stage samples between its blocks
             out = module.run(self.ctx)
+            self.ctx.load.sample()  # at the end
+            late = {**format_tags(self.ctx.prompt_record), **check_job(part, out, self.cfg, self.ctx.load)}
             record = provenance(self.cfg, part, started, self.runs.git_commit(), self.ctx.prompt_record)
             write_result(out.rows, module.SCHEMA, path, record)
-            logged = self.runs.finish(run_id, part, out, path, format_tags(self.ctx.prompt_record))
+            logged = self.runs.finish(run_id, part, out, path, late)
         self.runs.record(part, "computed", path, out.metrics)
         log.info(f"[{part}] {self.cfg.pair.name}: wrote {path}" + ("" if logged else " (not logged to MLflow)"))
         for line in out.summary:

@@ -75,3 +75,19 @@ def chi_square_power(true_probs: np.ndarray, null_probs: np.ndarray, n: int, lev
     rejected = sum(chi_square_top(rng.multinomial(n, true_probs), null_probs, n_top).pvalue < level
                    for _ in range(sims))
     return rejected / sims
+
+
+def median_interval(values: np.ndarray, level: float = 0.95, samples: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median (``scipy.stats.bootstrap``, fixed seed: same data, same
+    interval), as the analysis computes it (analysis.common.bootstrap_ci with np.median); NaNs are dropped."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        return float("nan"), float("nan")
+    if len(values) == 1 or np.all(values == values[0]):  # every resample is the same
+        v = float(np.median(values))
+        return v, v
+    res = stats.bootstrap((values,), np.median, n_resamples=samples, confidence_level=level, method="percentile",
+                          rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -18,7 +18,9 @@ HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "st
                 "k_policy.free_k_min": None, "pair.draft_dtype": "",
                 "merge_prefill": False, "stage.replay": False, "stage.trees": [], "stage.tree_nodes": [],
                 # auto runs the YAML sets raw, as every stored result was; JSONL workloads are newer than the key
-                "prompts.chat_template": "auto"}
+                "prompts.chat_template": "auto",
+                # checks of the measurement, not part of it: at their first values a job keeps its identity
+                "trust.max_drift": 1.25, "trust.min_runs": 3}
 # Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
 NEUTRAL_ONLY_FOR = {"stage.k_policies": ("acceptance",)}
 
@@ -35,6 +37,8 @@ ARM_POLICY_KEYS = {"free_k_min": None}
 #   with_prompt / merged_prefill False: every loop before merge_prefill prefilled the prompt apart;
 #   tree_nodes 0, draft_call_width 1: every run before tree arms (stage.trees) was a chain, whose draft calls after
 #     the first are one-token steps;
+#   trust "unchecked", trust_detail "": speed, batch and timing files written before the job-time checks
+#     (pipeline/trust.py) were not checked;
 #   None (null, NaN in pandas): not measured by the code of the time, so no value stands in for it:
 #     acceptance's per-iteration context and timings (prompt_len ... wall_s: 6 of the 9 `reference` acceptance
 #     files), speed's block step times (16 `reference` and 2 `timemodel` files, written before
@@ -48,6 +52,7 @@ LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["c
                                                       "passes_by_width", "loop_new_tokens"], NOT_MEASURED),
                  "drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
                  "with_prompt": False, "merged_prefill": False, "replayed": False, "replay_agrees": NOT_MEASURED,
+                 "trust": "unchecked", "trust_detail": "",
                  **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
                                   "block_draft_step_s", "worst_ratio", "chosen_by", "target_params", "target_bytes",

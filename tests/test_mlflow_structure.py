@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STABLE = {"speedup", "alpha", "tokens_per_pass", "spec_tokens_per_s", "plain_tokens_per_s", "draft_ms_per_iter",
-          "verify_ms_per_iter", "rollback_ms_per_iter", "bookkeeping_ms_per_iter", "identical_share"}
+# The headline first (speed-up with its interval, alpha, tokens per pass, runs), the rest grouped after as x_<name>.
+HEADLINE = {"speedup", "alpha", "tokens_per_pass", "runs"}
+STABLE = HEADLINE | {"x_spec_tokens_per_s", "x_plain_tokens_per_s", "x_draft_ms_per_iter", "x_verify_ms_per_iter",
+                     "x_rollback_ms_per_iter", "x_bookkeeping_ms_per_iter", "x_identical_share"}
 NOISE = ("outputs_dir", "force", "threads", "mlflow.tracking_uri", "mlflow.enabled", "campaign")
 
 
@@ -57,8 +59,13 @@ def test_metric_names_are_stable_and_params_tell_runs_apart(sweep):
     _, runs, _, client = sweep
     jobs, arms = _level(runs, "stage"), _level(runs, "arm")
     assert all(STABLE <= set(a.data.metrics) for a in arms)
-    assert len({frozenset(a.data.metrics) for a in arms}) == 1  # every arm: the same columns in the compare view
-    assert all(STABLE <= set(j.data.metrics) and "drift_ratio" in j.data.metrics for j in jobs)
+    # every arm: the same columns in the compare view (an arm with too few runs for an interval leaves its
+    # speedup_lo / speedup_hi cells empty)
+    assert len({frozenset(a.data.metrics) - {"speedup_lo", "speedup_hi"} for a in arms}) == 1
+    assert all(STABLE <= set(j.data.metrics) and "x_drift_ratio" in j.data.metrics for j in jobs)
+    assert all(not (set(r.data.metrics) - HEADLINE - {"speedup_lo", "speedup_hi"}) - {
+        m for m in r.data.metrics if m.startswith("x_")} for r in jobs + arms)  # the rest is grouped after
+    assert all({"speedup_lo", "speedup_hi"} <= set(a.data.metrics) for a in arms if a.data.params["kind"] == "all")
     assert not any("." in m for r in jobs + arms for m in r.data.metrics)  # no k or kind inside a metric name
     assert sorted(j.data.params["k"] for j in jobs) == ["1", "2"]
     assert {a.data.params["k"] for a in arms} == {"1", "2"}
@@ -67,7 +74,9 @@ def test_metric_names_are_stable_and_params_tell_runs_apart(sweep):
         tags = j.data.tags
         assert tags["choice.prompts"] == "smoke" and tags["campaign"] == "ci-check"
         assert tags["mlflow.source.git.commit"] and tags["cpu_model"] and tags["torch_threads"]
-        assert j.info.run_name.startswith(f"speed k{j.data.params['k']} ") and j.info.run_name.endswith("tiny_random")
+        # what varies first, then the prompts, the prompt set, the stage (the pair when it fits in 60 characters)
+        assert j.info.run_name.startswith(f"k{j.data.params['k']} · ") and " · default · speed" in j.info.run_name
+        assert len(j.info.run_name) <= 60 and tags["prompt_set"] == "default"
         assert "speed-up" in tags["mlflow.note.content"]
         files = {a.path for a in client.list_artifacts(j.info.run_id)}
         assert "config.yaml" in files and any(f.endswith(".parquet") for f in files)

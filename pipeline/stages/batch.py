@@ -20,8 +20,8 @@ from pipeline.context import StageContext
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import (
-    IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, memory_columns, rotated, run_name, sampling_config,
-    speedup_metrics, speedup_text,
+    IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, generator, identity, memory_columns, rotated, run_name,
+    INTERVAL_NOTE, min_runs, sampling_config, speedup_metrics, speedup_text,
 )
 from speclab.batch import BatchResult, batch_plain_generate, batch_speculative_generate
 from speclab.step_costs import pass_times
@@ -39,7 +39,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("verify_s_per_iter", "float64"), ("rollback_s_per_iter", "float64"), ("layout_s_per_iter", "float64"),
     ("iter_s", "float64"), ("layout_share", "float64"), ("masked_share", "float64"), ("dummy_share", "float64"),
     ("identical_to_plain", "bool"), ("merged_prefill", "bool"),
-] + MEMORY_FIELDS)
+] + MEMORY_FIELDS + TRUST_FIELDS)
 
 
 def _pass_rows(ctx: StageContext) -> list[dict]:
@@ -94,6 +94,7 @@ def run(ctx: StageContext) -> StageOutput:
         for b in order_base:
             starts = range(0, len(prompts), b) if b <= len(prompts) else [0]
             for s in tqdm(starts, desc=f"batch B={b} round {r}", leave=False):
+                ctx.load.sample()  # between blocks: the machine's load while the runs are timed
                 group = [prompts[(s + i) % len(prompts)] for i in range(b)]
                 ids = [ctx.inputs[p.id] for p in group]
                 order = rotated(arms, cfg, block)
@@ -143,7 +144,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                           + ", ".join(f"{int(n)}: {v:.2f}" for n, v in flat.items()) if flat is not None else ""))
         for k, sub in at_b[at_b.arm == "speculative"].groupby("k", sort=True):
             k = int(k)
-            m = {**speedup_metrics(sub, plain), "alpha": sub.acceptance_rate.mean(),
+            m = {**speedup_metrics(sub, plain, min_runs(cfg)), "alpha": sub.acceptance_rate.mean(),
                  "layout_share": sub.layout_share.median(), "masked_share": sub.masked_share.median(),
                  "dummy_share": sub.dummy_share.median(), "identical_share": sub.identical_to_plain.mean(),
                  "draft_ms_per_iter": 1e3 * sub.draft_s_per_iter.mean(),
@@ -156,4 +157,4 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     metrics = {"identical_share": spec.identical_to_plain.mean() if len(spec) else float("nan"),
                "max_layout_share": spec.layout_share.max() if len(spec) else float("nan"),
                "batch_sizes": float(runs.batch_size.nunique())}
-    return StageOutput(df, metrics, summary, arms)
+    return StageOutput(df, metrics, summary + [INTERVAL_NOTE], arms)

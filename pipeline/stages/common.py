@@ -2,15 +2,17 @@
 adjacent-runs design (arm order rotating by block, speed-ups over the block's plain run)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TypeVar
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline.context import StageContext
 from pipeline.stages.options import uses
 from speclab.sampling import SamplingConfig
+from speclab.stats import median_interval
 from speclab.timing import memory_placement
 
 
@@ -37,23 +39,51 @@ def memory_columns(ctx: StageContext) -> dict:
             "memory_trusted": m.trusted, "memory_reason": m.reason}
 
 
+NAME_MAX = 60  # MLflow's run table cuts names short: what varies comes first
+KINDS_MAX = 24  # longer lists of prompt kinds are named by their number (the kinds are the tag ``prompts``)
+
+
+def prompt_set(cfg: DictConfig) -> str:
+    """The prompt set a job reads: its file's folder (spec_bench/question.jsonl) or name (default.yaml)."""
+    file = Path(str(cfg.prompts.file))
+    return file.parent.name or file.stem
+
+
+def shorten(name: str, limit: int = NAME_MAX) -> str:
+    return name if len(name) <= limit else name[:limit - 1].rstrip(" ·") + "…"
+
+
 def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[str] = ()) -> str:
-    """Readable and distinct in MLflow's run table: the stage, its own ``settings`` (its k), the drafter and
-    k policy where they are not the default ones, its ``extra`` arms, sampling, prompts, round and pair
-    (the config hash is a tag). Options the stage does not read (pipeline/stages/options.py) are left out."""
+    """Readable and distinct in MLflow's run table, what varies first: the stage's own ``settings`` (its k),
+    the drafter and k policy where they are not the default ones, its ``extra`` arms, sampling, the draft's
+    dtype where the pair's name does not say it, the round; then the prompt kinds (their number when the list is
+    long), the prompt set, the stage
+    and the pair (the config hash is a tag), at most ``NAME_MAX`` characters. Options the stage does not
+    read (pipeline/stages/options.py) are left out."""
     read = uses(part)
-    bits = [part, *settings]
-    bits += [str(cfg.drafter.name)] if cfg.drafter.name != "model" and "drafter" in read else []
-    bits += [str(cfg.k_policy.name)] if cfg.k_policy.name != "fixed" and "k_policy" in read else []
-    bits += extra
+    varying = [*settings]
+    varying += [str(cfg.drafter.name)] if cfg.drafter.name != "model" and "drafter" in read else []
+    varying += [str(cfg.k_policy.name)] if cfg.k_policy.name != "fixed" and "k_policy" in read else []
+    varying += extra
     s, p = cfg.sampling, cfg.prompts
     if s.do_sample and "sampling" in read:
-        bits.append(f"T{s.temperature:g}" + (f" p{s.top_p:g}" if s.top_p < 1 else ""))
-    bits.append("+".join(p.kinds) + (f"[{p.per_kind}]" if p.per_kind else "")
-                + (f"[skip {p.skip_per_kind}]" if p.skip_per_kind else ""))
-    bits.append(f"r{cfg.round}" + (f" rot{cfg.rotation}" if cfg.rotation else ""))
-    bits.append(str(cfg.pair.name))
-    return " ".join(bits)
+        varying.append(f"T{s.temperature:g}" + (f" p{s.top_p:g}" if s.top_p < 1 else ""))
+    draft_dtype = str(OmegaConf.select(cfg, "pair.draft_dtype", default="") or "")
+    if draft_dtype and draft_dtype not in str(cfg.pair.name):
+        varying.append(f"draft={draft_dtype}")
+    if cfg.round or cfg.rotation:
+        varying.append(f"r{cfg.round}" + (f" rot{cfg.rotation}" if cfg.rotation else ""))
+    kinds = "+".join(p.kinds)
+    kinds = ((kinds if len(kinds) <= KINDS_MAX else f"{len(p.kinds)} kinds") + (f"[{p.per_kind}]" if p.per_kind else "")
+             + (f"[skip {p.skip_per_kind}]" if p.skip_per_kind else ""))
+    bits = [" ".join(varying), kinds, prompt_set(cfg), part, str(cfg.pair.name)]
+    return shorten(" · ".join(b for b in bits if b))
+
+
+def arm_run_name(cfg: DictConfig, part: str, arm: str) -> str:
+    """An arm's run: the arm (its k, policy, drafter and kind) first, then the prompt set, stage, round and pair."""
+    bits = [arm, prompt_set(cfg), part, *([f"r{cfg.round}"] if cfg.round else []), str(cfg.pair.name)]
+    return " · ".join(bits)
 
 
 def ks_label(ks: list[int]) -> str:
@@ -79,19 +109,53 @@ def rotated(arms: list[T], cfg: DictConfig, block: int) -> list[T]:
     return arms[shift:] + arms[:shift]
 
 
-def speedup_metrics(runs: pd.DataFrame, plain: pd.DataFrame) -> dict[str, float]:
-    """The runs' median ratio to the adjacent plain run and its quartiles, and the median throughput of
-    the runs and of the plain runs of the same blocks."""
+# What a run with speed-ups shows first (MLflow lists metrics by name): the rest is logged as x_<name>.
+HEADLINE_METRICS = ("speedup", "speedup_lo", "speedup_hi", "alpha", "tokens_per_pass", "runs")
+GROUPED_STAGES = ("speed", "batch")
+DETAIL_PREFIX = "x_"
+
+
+def grouped_metrics(metrics: dict[str, float], part: str) -> dict[str, float]:
+    """A ``part`` run's metrics as logged: for speed and batch the headline names first and every other name
+    prefixed ``x_`` (listed after them); other stages' as they are."""
+    if part not in GROUPED_STAGES:
+        return dict(metrics)
+    return {**{k: metrics[k] for k in HEADLINE_METRICS if k in metrics},
+            **{f"{DETAIL_PREFIX}{k}": v for k, v in metrics.items() if k not in HEADLINE_METRICS}}
+
+
+INTERVAL_NOTE = ("speedup_lo / speedup_hi: 95% percentile bootstrap interval of the median ratio to the adjacent "
+                 "plain run (speclab.stats.median_interval, 2000 resamples, seed 0), as the analysis computes it; "
+                 "none for an arm with fewer runs than trust.min_runs")
+
+
+def min_runs(cfg: DictConfig) -> int:
+    """The runs an interval needs (``trust.min_runs``)."""
+    return int(OmegaConf.select(cfg, "trust.min_runs", default=3))
+
+
+def speedup_metrics(runs: pd.DataFrame, plain: pd.DataFrame, needed: int = 3) -> dict[str, float]:
+    """The runs' median ratio to the adjacent plain run, its 95% interval (NaN with fewer than ``needed``
+    runs: no interval), its quartiles, and the median throughput of the runs and of the plain runs of the
+    same blocks."""
     ratio = runs.ratio_to_adjacent_plain
-    return {"speedup": ratio.median(), "speedup_q25": ratio.quantile(0.25), "speedup_q75": ratio.quantile(0.75),
+    lo, hi = median_interval(ratio.to_numpy()) if len(ratio) >= needed else (float("nan"), float("nan"))
+    return {"speedup": ratio.median(), "speedup_lo": lo, "speedup_hi": hi, "runs": len(runs),
+            "speedup_q25": ratio.quantile(0.25), "speedup_q75": ratio.quantile(0.75),
             "spec_tokens_per_s": runs.tokens_per_s.median(),
             "plain_tokens_per_s": plain[plain.block.isin(runs.block)].tokens_per_s.median()}
 
 
 def speedup_text(m: dict[str, float]) -> str:
-    return f"speed-up {m['speedup']:.2f} (IQR {m['speedup_q25']:.2f}-{m['speedup_q75']:.2f})"
+    """The speed-up with its interval, or the number of runs when they are too few for one."""
+    if m["speedup_lo"] != m["speedup_lo"]:
+        return f"speed-up {m['speedup']:.2f} (n={int(m['runs'])}, no interval)"
+    return (f"speed-up {m['speedup']:.2f} (95% CI {m['speedup_lo']:.2f}-{m['speedup_hi']:.2f}, "
+            f"IQR {m['speedup_q25']:.2f}-{m['speedup_q75']:.2f}, n={int(m['runs'])})")
 
 
+# The job-time checks' verdict (pipeline/trust.py), the same on every row of a job.
+TRUST_FIELDS = [("trust", "string"), ("trust_detail", "string")]
 MEMORY_FIELDS = [("param_devices", "string"), ("rss_bytes", "int64"), ("device_free_bytes", "int64"),
                  ("memory_trusted", "bool"), ("memory_reason", "string")]
 IDENTITY_FIELDS = [("pair", "string"), ("target", "string"), ("draft", "string"), ("device", "string"),

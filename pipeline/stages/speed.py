@@ -20,8 +20,8 @@ from store.best_fixed import BestFixed
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import (
-    IDENTITY_FIELDS, MEMORY_FIELDS, generator, identity, ks_label, memory_columns, rotated, run_name, sampling_config,
-    speedup_metrics, speedup_text, stage_ks,
+    IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, generator, identity, ks_label, memory_columns, rotated, run_name,
+    INTERVAL_NOTE, min_runs, sampling_config, speedup_metrics, speedup_text, stage_ks,
 )
 from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
@@ -44,7 +44,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("identical_to_plain", "bool"), ("merged_prefill", "bool"),
     ("tree_nodes", "float64"), ("checked_by_depth", "string"), ("accepted_by_depth", "string"),
     ("draft_calls_by_width", "string"), ("passes_by_width", "string"), ("loop_new_tokens", "int32"),
-] + [(f, "float64") for f in STEP_FIELDS + BLOCK_STEP_FIELDS] + MEMORY_FIELDS)
+] + [(f, "float64") for f in STEP_FIELDS + BLOCK_STEP_FIELDS] + MEMORY_FIELDS + TRUST_FIELDS)
 
 
 def step_times(ctx: StageContext, ks: list[int], progress: str | None = None) -> tuple[float, float, dict[int, float]]:
@@ -221,6 +221,7 @@ def run(ctx: StageContext) -> StageOutput:
     rows, block = [], 0
     for r in range(int(st.rounds)):
         for prompt in tqdm(ctx.prompts, desc=f"speed {len(names)} arms round {r}", leave=False):
+            ctx.load.sample()  # between blocks: the machine's load while the runs are timed
             order = rotated(names, cfg, block)
             ids = ctx.inputs[prompt.id]
             now = block_step_times(ctx, ids)
@@ -310,7 +311,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                 {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
                  "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
                  "top_p": float(s.top_p.iloc[0])},
-                {**speedup_metrics(s, plain), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
+                {**speedup_metrics(s, plain, min_runs(cfg)), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from pipeline.context import StageContext
 from store.records import make_schema
 from pipeline.stages import StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, identity, memory_columns, run_name
+from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, memory_columns, run_name
 from pipeline.stages.options import unused_note
 from speclab.model_size import model_size
 from speclab.step_costs import pass_times, prefill_times, tree_pass_times
@@ -23,7 +23,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("context_len", "int32"), ("model", "string"),
     ("pass_len", "int32"), ("median_s", "float64"), ("q25_s", "float64"), ("q75_s", "float64"),
     ("samples", "int32"),
-] + MEMORY_FIELDS + SIZE_FIELDS)
+] + MEMORY_FIELDS + SIZE_FIELDS + TRUST_FIELDS)
 
 
 def size_columns(target, draft) -> dict:
@@ -42,6 +42,7 @@ def run(ctx: StageContext) -> StageOutput:
     extras = [int(e) for e in st.context_extra]
     sizes = size_columns(ctx.pair.target, ctx.pair.draft)
     for prompt in ctx.prompts[: int(st.prompts_to_time)]:
+        ctx.load.sample()  # between prompts: the machine's load while the passes are timed
         ids = ctx.inputs[prompt.id]
         n = ids.shape[1]
         for role, model in (("target", ctx.pair.target), ("draft", ctx.pair.draft)):

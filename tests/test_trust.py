@@ -1,0 +1,298 @@
+"""Job-time trust checks (pipeline/trust.py): the pure checks at their limits, a speed job on a faked loaded and
+drifting machine warned in the console, MLflow and Parquet, a clean job ok, the torch_threads tag, intervals
+that need runs, the headline metric names, run names, and the browser check's run selection."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import torch
+import yaml
+
+from pipeline import trust
+from pipeline.jobs import output_path
+from pipeline.run import run_parts
+from pipeline.stages import speed, timing
+from pipeline.stages.common import arm_run_name, grouped_metrics, run_name, speedup_metrics, speedup_text
+from pipeline_helpers import make_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- the pure checks: exactly at the limit passes, just above fails ---------------------------------------
+
+def test_drift_check_boundary():
+    assert trust.check_drift(1.25, 1.25) is None and trust.check_drift(0.9, 1.25) is None
+    failed = trust.check_drift(1.2501, 1.25)
+    assert failed.name == "drift" and "x1.25" in failed.reason and "limit x1.25" in failed.reason
+    assert trust.check_drift(float("nan"), 1.25) is None  # no step times: nothing to check
+
+
+def test_load_check_boundary():
+    assert trust.check_load([0.5, 2.0, 1.0], 2) is None
+    failed = trust.check_load([0.5, 2.01, 1.0], 2)
+    assert failed.name == "load" and "2.01" in failed.reason and "2 usable cores" in failed.reason
+    assert trust.check_load([], 2) is None
+
+
+def test_runs_check_boundary():
+    assert trust.check_runs(3, 3) is None
+    failed = trust.check_runs(2, 3)
+    assert failed.name == "runs" and "2 runs per arm" in failed.reason and "3 an interval needs" in failed.reason
+
+
+def test_placement_check():
+    assert trust.check_placement([True, True], ["ok", "ok"]) is None
+    failed = trust.check_placement([True, False], ["ok", "parameters on ['cpu'], expected cuda"])
+    assert failed.name == "placement" and "expected cuda" in failed.reason and "1 of 2 rows" in failed.reason
+
+
+def test_verdict_joins_names_and_reasons():
+    assert trust.verdict([]) == ("ok", "")
+    tag, detail = trust.verdict([trust.Failed("drift", "a"), trust.Failed("load", "b")])
+    assert tag == "drift,load" and detail == "a; b"
+
+
+def test_usable_cores_is_the_affinity_mask():
+    assert trust.usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_load_sampler_tags_max_and_median(monkeypatch):
+    loads = iter([1.0, 5.0, 2.0])
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    s = trust.LoadSampler()
+    for _ in range(3):
+        s.sample()
+    assert s.tags() == {"load_max": "5.00", "load_median": "2.00", "load_samples": "3"}
+
+
+# ---- the limits are config, at the analysis's values, and leave earlier jobs' hashes alone ---------------
+
+def test_drift_limit_agrees_with_the_analysis_and_is_hash_neutral(tmp_path):
+    from store.compat import HASH_NEUTRAL
+
+    cfg = make_cfg(tmp_path, "stage=speed")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert cfg.trust.max_drift == params["drift"]["max_ratio"]
+    assert HASH_NEUTRAL["trust.max_drift"] == cfg.trust.max_drift
+    assert HASH_NEUTRAL["trust.min_runs"] == cfg.trust.min_runs
+    from omegaconf import OmegaConf
+
+    from store.identity import config_hash as identity_hash
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    before = {k: v for k, v in plain.items() if k != "trust"}  # a config from before the knobs
+    assert identity_hash(plain) == identity_hash(before)
+    changed = OmegaConf.to_container(make_cfg(tmp_path, "stage=speed", "trust.min_runs=5"), resolve=True)
+    assert identity_hash(changed) != identity_hash(plain)
+
+
+def test_old_files_read_unchecked():
+    from store.compat import complete_table, later_missing
+
+    old = pa.schema([f for f in timing.SCHEMA if f.name not in ("trust", "trust_detail")])
+    assert later_missing(old, timing.SCHEMA) == ["trust", "trust_detail"]
+    table = complete_table(pa.Table.from_pylist([{}], schema=old), timing.SCHEMA)
+    assert table.column("trust").to_pylist() == ["unchecked"] and table.column("trust_detail").to_pylist() == [""]
+
+
+# ---- a speed job on a deliberately loaded, drifting machine -------------------------------------------------
+
+JOB = ("stage=speed", "prompts.kinds=[code]", "prompts.per_kind=3", "stage.timing_repeats=1", "stage.timing_warmup=0",
+       "max_new_tokens=6")
+
+
+def _fake_machine(monkeypatch, load: float, drift: float) -> None:
+    """The load average every sample reads, and step times after the runs ``drift`` times those before."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    calls = []
+
+    def step_times(ctx, ks, progress=None):
+        calls.append(progress)
+        f = 1.0 if len(calls) == 1 else drift
+        return 0.010 * f, 0.002 * f, {k: 0.012 * f for k in ks}
+
+    monkeypatch.setattr(speed, "step_times", step_times)
+
+
+def _stage_runs(uri: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("speclab")
+    runs = client.search_runs([exp.experiment_id], "tags.stage = 'speed'")
+    return ([r for r in runs if r.data.tags["level"] == "stage"], [r for r in runs if r.data.tags["level"] == "arm"])
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_loaded_drifting_machine_is_warned_in_console_mlflow_and_parquet(tmp_path, monkeypatch, caplog,
+                                                                           restore_threads):
+    cores = trust.usable_cores()
+    _fake_machine(monkeypatch, load=cores + 7.0, drift=2.0)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_cfg(tmp_path, *JOB, "threads=1", "mlflow.enabled=true", f"mlflow.tracking_uri={uri}")
+    with caplog.at_level(logging.WARNING, logger="speclab"):
+        run_parts(cfg)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("drift" in w and "x2.00" in w and "x1.25" in w for w in warnings), warnings
+    assert any("load" in w and f"{cores + 7.0:.2f}" in w and f"{cores} usable cores" in w for w in warnings), warnings
+
+    df = pd.read_parquet(output_path(cfg, "speed"))
+    assert (df.trust == "drift,load").all()
+    assert df.trust_detail.str.contains("x2.00").all() and df.trust_detail.str.contains("load average").all()
+
+    [stage], arms = _stage_runs(uri)
+    assert stage.data.tags["trust"] == "drift,load"
+    assert "WARNING trust=drift,load" in stage.data.tags["mlflow.note.content"]
+    assert arms and all(a.data.tags["trust"] == "drift,load" for a in arms)
+    assert stage.data.tags["load_max"] == f"{cores + 7.0:.2f}" and int(stage.data.tags["load_samples"]) >= 3
+    assert stage.data.metrics["x_drift_ratio"] == pytest.approx(2.0)
+
+
+def test_a_clean_job_is_trusted(tmp_path, monkeypatch, restore_threads):
+    _fake_machine(monkeypatch, load=0.0, drift=1.0)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_cfg(tmp_path, *JOB, "threads=1", "mlflow.enabled=true", f"mlflow.tracking_uri={uri}")
+    run_parts(cfg)
+    df = pd.read_parquet(output_path(cfg, "speed"))
+    assert (df.trust == "ok").all() and (df.trust_detail == "").all()
+    [stage], _ = _stage_runs(uri)
+    assert stage.data.tags["trust"] == "ok" and "trust: ok" in stage.data.tags["mlflow.note.content"]
+
+
+def test_one_run_per_arm_fails_the_runs_check_and_prints_no_interval(tmp_path, monkeypatch, caplog, restore_threads):
+    _fake_machine(monkeypatch, load=0.0, drift=1.0)
+    cfg = make_cfg(tmp_path, *JOB, "prompts.per_kind=1", "threads=1")
+    with caplog.at_level(logging.INFO, logger="speclab"):
+        run_parts(cfg)
+    assert set(pd.read_parquet(output_path(cfg, "speed")).trust) == {"runs"}
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("speed-up" in m and "n=1, no interval" in m for m in lines), lines
+    assert not any("IQR" in m for m in lines)
+
+
+def test_a_file_logged_later_keeps_its_verdict(tmp_path, monkeypatch, restore_threads):
+    """A job that wrote its file with tracking off: the run logged from the file later carries its verdict."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    small = ("stage=timing", "stage.repeats=3", "stage.warmup=0", "stage.pass_lengths=[1]", "threads=1")
+    cfg = make_cfg(tmp_path, *small)
+    run_parts(cfg)
+    assert set(pd.read_parquet(output_path(cfg, "timing")).trust) == {"load"}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_parts(make_cfg(tmp_path, *small, "mlflow.enabled=true", f"mlflow.tracking_uri={uri}"))
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("speclab").experiment_id], "tags.level = 'stage'")
+    assert run.data.tags["logged_from_file"] == "true" and run.data.tags["trust"] == "load"
+    assert "WARNING trust=load: load: load average reached 99.00" in run.data.tags["mlflow.note.content"]
+
+
+def test_torch_threads_tag_is_what_the_job_ran_with(tmp_path, monkeypatch, restore_threads):
+    torch.set_num_threads(2)  # the process's default, before the job asks for 1
+    seen = []
+    real = timing.run
+    monkeypatch.setattr(timing, "run", lambda ctx: seen.append(torch.get_num_threads()) or real(ctx))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_cfg(tmp_path, "stage=timing", "stage.repeats=3", "stage.warmup=0", "stage.pass_lengths=[1]",
+                   "threads=1", "mlflow.enabled=true", f"mlflow.tracking_uri={uri}")
+    run_parts(cfg)
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("speclab").experiment_id])
+    assert seen == [1]
+    levels = {r.data.tags["level"]: r.data.tags["torch_threads"] for r in runs}
+    assert levels == {"job": "1", "stage": "1"}
+
+
+# ---- intervals, metric names, run names ---------------------------------------------------------------------
+
+def _runs(ratios):
+    n = len(ratios)
+    return (pd.DataFrame({"ratio_to_adjacent_plain": ratios, "tokens_per_s": [10.0] * n, "block": range(n)}),
+            pd.DataFrame({"tokens_per_s": [10.0] * n, "block": range(n)}))
+
+
+def test_an_interval_needs_the_minimum_runs():
+    m = speedup_metrics(*_runs([1.27]), 3)
+    assert m["runs"] == 1 and np.isnan(m["speedup_lo"]) and np.isnan(m["speedup_hi"])
+    assert "n=1, no interval" in speedup_text(m) and "1.27-1.27" not in speedup_text(m)
+    m = speedup_metrics(*_runs([1.0, 1.2, 1.4]), 3)
+    assert m["speedup_lo"] <= m["speedup"] <= m["speedup_hi"] and m["speedup_lo"] < m["speedup_hi"]
+    assert "95% CI" in speedup_text(m) and "n=3" in speedup_text(m)
+
+
+def test_headline_metrics_come_first_and_the_rest_is_grouped():
+    metrics = {"speedup_q25": 1, "drift_ratio": 1, "speedup": 1, "alpha": 1, "speedup_lo": 1, "speedup_hi": 1,
+               "tokens_per_pass": 1, "runs": 3, "spec_tokens_per_s": 1}
+    logged = grouped_metrics(metrics, "speed")
+    assert list(logged)[:6] == ["speedup", "speedup_lo", "speedup_hi", "alpha", "tokens_per_pass", "runs"]
+    assert set(list(logged)[6:]) == {"x_speedup_q25", "x_drift_ratio", "x_spec_tokens_per_s"}
+    assert sorted(logged)[:6] == sorted(list(logged)[:6])  # listed by name, the headline still comes first
+    assert grouped_metrics({"c_draft": 0.1}, "timing") == {"c_draft": 0.1}
+
+
+def test_run_names_put_what_varies_first_and_name_the_prompt_set(tmp_path):
+    cfg = make_cfg(tmp_path, "stage=speed", "k=2", "sampling=t07", "prompts=spec_bench", "pair.draft_dtype=int8")
+    name = speed.describe(cfg)
+    assert name.startswith("k2 T0.7 draft=int8 · ") and " · spec_bench · speed" in name and len(name) <= 60
+    cfg = make_cfg(tmp_path, "stage=speed", "k=3", "prompts.kinds=[code]")
+    assert speed.describe(cfg) == "k3 · code[1] · default · speed · tiny_random"  # prompts=smoke: 1 a kind
+    assert run_name(cfg, "timing").startswith("code[1] · default · timing")
+    assert arm_run_name(cfg, "speed", "speculative k3 code") == "speculative k3 code · default · speed · tiny_random"
+
+
+# ---- the browser check compares only FINISHED runs of one prompt set -----------------------------------------
+
+def _run(status: str, k: str, prompt_set: str = "default", kinds: str = "prose,code"):
+    return SimpleNamespace(info=SimpleNamespace(status=status, run_id=f"{status}-{k}-{prompt_set}"),
+                           data=SimpleNamespace(params={"k": k}, tags={"prompt_set": prompt_set, "prompts": kinds}))
+
+
+def test_ui_check_compares_finished_runs_of_one_prompt_set():
+    from benchmarks.mlflow_ui_check import select_runs
+
+    runs = [_run("RUNNING", "1"), _run("FINISHED", "2"), _run("FINISHED", "3", "spec_bench"), _run("FAILED", "5"),
+            _run("FINISHED", "4", kinds="code"), _run("FINISHED", "6")]
+    assert [r.info.run_id for r in select_runs(runs)] == ["FINISHED-2-default", "FINISHED-6-default"]
+    with pytest.raises(SystemExit, match="found 1"):
+        select_runs([_run("RUNNING", "1"), _run("FINISHED", "2"), _run("FINISHED", "3", "spec_bench")])
+    with pytest.raises(SystemExit, match="no FINISHED"):
+        select_runs([_run("RUNNING", "1"), _run("RUNNING", "2")])
+
+
+# ---- the analysis flags jobs whose own checks failed --------------------------------------------------------
+
+def _speed_rows(trusts):
+    rows = []
+    for i, t in enumerate(trusts):
+        rows.append({"pair": "p", "config_hash": f"h{i}", "round": 0, "kind": "code", "arm": "plain",
+                     "target_step_before_s": 1.0, "target_step_after_s": 1.0, "draft_step_before_s": 1.0,
+                     "draft_step_after_s": 1.0, **({"trust": t} if t is not None else {})})
+    return pd.DataFrame(rows)
+
+
+def test_drift_table_flags_untrusted_jobs_and_keeps_old_ones():
+    from analysis.drift import drift_table, drop_drifted
+
+    speed_rows = _speed_rows(["ok", "unchecked", "load", "runs,placement"])
+    table = drift_table(speed_rows, 1.25)
+    assert table.set_index("config_hash").flagged.to_dict() == {"h0": False, "h1": False, "h2": True, "h3": True}
+    assert table.set_index("config_hash").trust["h3"] == "runs,placement"
+    assert sorted(drop_drifted(speed_rows, table).config_hash) == ["h0", "h1"]
+    old = _speed_rows([None, None]).assign(target_step_after_s=[1.0, 1.3])  # files before the checks
+    table = drift_table(old, 1.25)
+    assert table.flagged.tolist() == [False, True] and set(table.trust) == {"unchecked"}
