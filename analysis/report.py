@@ -515,9 +515,11 @@ def why_numbers_differ(ans: Answer | None, t: dict[str, pd.DataFrame], tree_arms
     rk = ranking[ranking.config == f"speculative model k={k}"] if len(ranking) else ranking
     if len(rk) and not cal.empty:
         r, tm = rk.iloc[0], str(cal.campaign.iloc[0])
-        seen.append(f"{_measure(r.speedup)} in the planner's exploratory check ({when(tm, 'speed')}: another pair "
-                    "build's prompts held out of the plan, 27 arms per block, so a run is many runs away from its "
-                    "plain run)")
+        check = t["recommendation_check"]
+        explo = check[check.check == "exploratory"].arms_per_block if "arms_per_block" in check else pd.Series([])
+        arms = f"{explo.iloc[0]:.0f} arms per block" if len(explo) else "many arms per block"
+        seen.append(f"{_measure(r.speedup)} in the planner's exploratory check ({when(tm, 'speed')}: {arms}, so a "
+                    "run is several runs away from its block's plain run, with the machine's drift in between)")
     tr = tree_arms[(tree_arms.pair == pair) & (tree_arms.kind == "all") & (tree_arms.config == f"chain model k={k}")] \
         if len(tree_arms) else tree_arms
     if len(tr):
