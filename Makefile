@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 QWEN := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 
-.PHONY: run test setup clean-venv qwen run-qwen test-qwen test-cluster
+.PHONY: run test setup clean-venv qwen run-qwen test-qwen test-cluster publish
 
 setup: $(VENV)/.installed
 
@@ -51,6 +51,12 @@ test-qwen: qwen
 # sweep as a job array, one job cancelled mid-run and rerun, every file and run checked (README: Running on a cluster).
 test-cluster: setup
 	cluster/test.sh
+
+# The MLflow run `analysis-<campaign>` (described by the answer on one screen) from the committed outputs: a fresh
+# clone's store lacks it (mlflow.db is not committed) and `dvc repro` there has nothing to do (README: The analysis
+# run in MLflow).
+publish: setup
+	$(BIN)/python -m analysis.publish
 
 clean-venv:
 	rm -rf $(VENV)

@@ -14,6 +14,7 @@ from matplotlib import pyplot as plt
 from analysis.common import (load_params, published_campaign, read_stage, read_table, run_script, save_csv,
                              save_figure, save_table)
 from analysis.inputs import AnalysisError
+from analysis.palette import MODEL_COLORS, kind_color
 from speclab.cost_model import break_even_alpha, predicted_speedup
 
 
@@ -69,7 +70,7 @@ def best_k_table(points: pd.DataFrame, costs: pd.DataFrame, k_max: int) -> pd.Da
 def step_time_figure(timing: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6, 4))
     d = timing.assign(ms=1e3 * timing.median_s)
-    sns.lineplot(data=d, x="pass_len", y="ms", hue="model", style="pair", marker="o", ax=ax,
+    sns.lineplot(data=d, x="pass_len", y="ms", hue="model", style="pair", marker="o", ax=ax, palette=MODEL_COLORS,
                  estimator="median", errorbar=None)
     ax.set(xlabel="new tokens in the pass", ylabel="pass time (ms, median)", ylim=(0, None),
            title="Step time vs pass length (after the prompt)")
@@ -100,7 +101,8 @@ def map_figure(costs: pd.DataFrame, points: pd.DataFrame, pairs: list[str], alph
         pts = points[(points.pair == pair) & (points.kind != "all")]
         for kind, g in pts.groupby("kind"):
             best = g.loc[g.measured.idxmax()]
-            ax.plot(best.alpha, best.k, "o", ms=9, mec="k", label=f"{kind}: measured x{best.measured:.2f} at best k")
+            ax.plot(best.alpha, best.k, "o", ms=9, mec="k", color=kind_color(kind),
+                    label=f"{kind}: measured x{best.measured:.2f} at best k")
         ax.set(xlabel="acceptance rate alpha", ylabel="k (proposals per iteration)")
         ax.set_title(f"Predicted speed-up map, {pair} (blue wins, red loses)\n"
                      f"c_draft = draft step / target step = {cd:.2f}\n"

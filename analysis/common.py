@@ -18,6 +18,7 @@ from pandas.api.types import is_bool_dtype, is_numeric_dtype  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
+from analysis.palette import kind_color  # noqa: E402
 from store import layout  # noqa: E402
 from store.compat import with_defaults  # noqa: E402
 from store.files import atomic_write  # noqa: E402
@@ -192,10 +193,11 @@ def speedup_panels(points: pd.DataFrame, kinds: list[str], draw: Callable, title
     for ax, kind in zip(axes[0], kinds):
         g = points[points.kind == kind].sort_values("k")
         ax.errorbar(g.k, g.measured, yerr=[g.measured - g.measured_lo, g.measured_hi - g.measured],
-                    fmt="o-", label="measured (median, 95% CI)", capsize=3)
+                    fmt="o-", label="measured (median, 95% CI)", capsize=3, color=kind_color(kind))
         draw(ax, g)
         ax.axhline(1.0, color="grey", lw=1)
-        ax.set(title=kind, xlabel="k")
+        ax.set(xlabel="k")
+        ax.set_title(kind, color=kind_color(kind))
     axes[0][0].set_ylabel("speed-up over adjacent plain run")
     axes[0][0].legend(fontsize=legend_size)
     fig.suptitle(title)

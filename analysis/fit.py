@@ -16,6 +16,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, publ
                              run_script, save_csv, save_figure, save_table, speedup_panels)
 from analysis.drift import drop_drifted, read_drift
 from analysis.inputs import AnalysisError
+from analysis.palette import PREDICTOR_COLORS, kind_palette
 from speclab.cost_model import expected_tokens_per_iteration
 from speclab.estimators import alpha_hat as acceptance_rate
 
@@ -125,7 +126,8 @@ def plot_data(tab: pd.DataFrame, points: pd.DataFrame) -> dict[str, pd.DataFrame
 
 def alpha_figure(tab: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6, 4))
-    sns.lineplot(data=tab, x="k", y="alpha", hue="kind", style="pair", marker="o", ax=ax, errorbar=None)
+    sns.lineplot(data=tab, x="k", y="alpha", hue="kind", style="pair", marker="o", ax=ax, errorbar=None,
+                 palette=kind_palette(tab.kind.unique()))
     ax.set(ylim=(0, 1), title="Acceptance rate per kind vs k (accepted / checked proposals)", ylabel="alpha-hat")
     return fig
 
@@ -133,8 +135,10 @@ def alpha_figure(tab: pd.DataFrame):
 def tokens_figure(tab: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6, 4))
     t = tab[tab.kind != ALL]
-    sns.lineplot(data=t, x="k", y="tokens_per_pass", hue="kind", marker="o", ax=ax, errorbar=None)
-    sns.lineplot(data=t, x="k", y="formula_iid", hue="kind", ax=ax, errorbar=None, linestyle="--", legend=False)
+    palette = kind_palette(t.kind.unique())
+    sns.lineplot(data=t, x="k", y="tokens_per_pass", hue="kind", marker="o", ax=ax, errorbar=None, palette=palette)
+    sns.lineplot(data=t, x="k", y="formula_iid", hue="kind", ax=ax, errorbar=None, linestyle="--", legend=False,
+                 palette=palette)
     ax.set(title="Tokens per target pass: measured (solid) vs (1-a^(k+1))/(1-a) (dashed)",
            ylabel="tokens per target pass")
     return fig
@@ -142,8 +146,8 @@ def tokens_figure(tab: pd.DataFrame):
 
 def speedup_figure(points: pd.DataFrame):
     def draw(ax, g):
-        ax.plot(g.k, g.predicted_iid, "s--", label="i.i.d. geometric")
-        ax.plot(g.k, g.predicted_empirical, "^:", label="empirical + overhead")
+        ax.plot(g.k, g.predicted_iid, "s--", label="i.i.d. geometric", color=PREDICTOR_COLORS[0])
+        ax.plot(g.k, g.predicted_empirical, "^:", label="empirical + overhead", color=PREDICTOR_COLORS[1])
     return speedup_panels(points, sorted(points.kind.unique()), draw, "Predicted vs measured speed-up")
 
 

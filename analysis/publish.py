@@ -1,9 +1,12 @@
 """Publish the analysis to MLflow: one run `analysis-<campaign>` with the figures, report, metrics and tables.
 
     python -m analysis.publish     (the last `dvc repro` stage; runs only when what it publishes changed)
+    make publish                   (the same, whenever asked: a fresh clone's store has no analysis run, and
+                                    `dvc repro` there does nothing, since every stage is up to date)
 
 The run goes to the experiment and tracking store of params.yaml's ``mlflow:`` section, tagged
-``stage=analysis`` and ``campaign`` (MLflow adds ``mlflow.source.git.commit``), with params.yaml
+``stage=analysis`` and ``campaign`` (MLflow adds ``mlflow.source.git.commit``), described by the answer on
+one screen (analysis.answer; the report's first screen), with params.yaml
 flattened as params, headline.json's numbers as metrics (the dotted keys `dvc metrics show` prints),
 every figure and report.md as artifacts, and the key tables through ``mlflow.log_table``.
 
@@ -19,13 +22,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.answer import read_answer, render_text
 from analysis.common import load_params, published_campaign, read_table, run_script
 from analysis.tracking import first_line, quick_http, tracking_settings, unreachable
 from store.identity import flatten
 from store.records import UNKNOWN_COMMIT, git_commit
 
 # Tables logged with mlflow.log_table (readable and comparable in the MLflow UI).
-TABLES = ("speed_points", "acceptance_table", "predictor_errors", "best_k", "strategy_comparison", "drift",
+TABLES = ("answer/best", "answer/not_to_use", "speed_points", "acceptance_table", "predictor_errors", "best_k", "strategy_comparison", "drift",
           "spec_bench_table", "trees/tree_vs_chain", "trees/arms")
 
 
@@ -55,6 +59,10 @@ def publish(params: dict) -> str | None:
             exp = client.get_experiment_by_name(tracking.experiment)
             exp_id = exp.experiment_id if exp else client.create_experiment(tracking.experiment)
             tags = {"stage": "analysis", "campaign": campaign}
+            # The run's description (the UI's "Description"): the answer on one screen, as the report opens.
+            ans = read_answer(params["analysis_dir"])
+            if ans is not None:
+                tags["mlflow.note.content"] = render_text(ans)
             # MLflow's own context tags (source, user, mlflow.source.git.commit when it finds the repository).
             from mlflow.tracking.context.registry import resolve_tags
 

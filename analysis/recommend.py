@@ -1,6 +1,6 @@
 """Print the planner's recommendation per prompt kind, and how it fared in adjacent runs.
 
-    python -m analysis.recommend                       (the most recent plan of any campaign)
+    python -m analysis.recommend                       (the answer on one screen, then the most recent plan)
     python -m analysis.recommend --campaign timemodel2  (that campaign's plan, and its check)
 
 The plan comes from `python -m pipeline.run +sweep=plan` (stage plan). When the same campaign holds
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.answer import read_answer, render_text
 from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, run_script, save_table,
                              with_defaults)
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
@@ -259,6 +260,11 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="also store the tables in the analysis folder")
     args = ap.parse_args()
     params = load_params()
+    # First the answer over every published campaign (analysis.answer), then this campaign's plan and its check.
+    ans = read_answer(params["analysis_dir"])
+    print(render_text(ans) if ans is not None else
+          "(no answer yet: run `python -m analysis.answer` or `dvc repro` for the one-screen summary)")
+    print()
     boot = bootstrap_settings(params)
     campaign = args.campaign or latest_campaign(params["outputs_dir"])
     rec = recommendation(params["outputs_dir"], campaign, boot)

@@ -24,6 +24,7 @@ from matplotlib import pyplot as plt
 from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read_stage, run_script, save_csv,
                              save_figure, save_json, save_table, speedup_panels)
 from analysis.inputs import AnalysisError
+from analysis.palette import PREDICTOR_COLORS, kind_color
 from pipeline.planning import bootstrap_median, calibrate, predict_at_blocks, predict_runs
 from speclab.estimators import alpha_hat
 from speclab.time_model import PARTS, TimeModel
@@ -151,22 +152,25 @@ def decomposition_figure(dec: pd.DataFrame):
                 ax.bar(g.k + dx, g[col], 0.38, bottom=bottom, color=colors[i], hatch=hatch, edgecolor="white",
                        label=label if (j == 1 and kd == kinds[0]) else None)
                 bottom += g[col].to_numpy()
-        ax.set(title=f"{kd}: left predicted (hatched), right measured", xlabel="k")
+        ax.set_title(kd, color=kind_color(kd))
+        ax.set_xlabel("k")
     axes[0][0].set_ylabel("ms per generated token")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle("Where a speculative run's time goes (held-out prompts, draft model, fixed k)")
+    fig.suptitle("Where a speculative run's time goes (held-out prompts, draft model, fixed k)\n"
+                 "each k: left bar predicted by the time model (hatched), right bar measured", fontsize=10)
+    fig.tight_layout()
     return fig
 
 
 def points_figure(points: pd.DataFrame):
     def draw(ax, g):
         ax.errorbar(g.k + 0.1, g.tm_own, yerr=[g.tm_own - g.tm_own_lo, g.tm_own_hi - g.tm_own], fmt="^:", capsize=2,
-                    label=PREDICTORS["tm_own"])
-        ax.plot(g.k - 0.1, g.tm_kind, "v:", label=PREDICTORS["tm_kind"])
-        ax.plot(g.k, g.iid_own, "s--", label=PREDICTORS["iid_own"])
+                    label=PREDICTORS["tm_own"], color=PREDICTOR_COLORS[0])
+        ax.plot(g.k - 0.1, g.tm_kind, "v:", label=PREDICTORS["tm_kind"], color=PREDICTOR_COLORS[1])
+        ax.plot(g.k, g.iid_own, "s--", label=PREDICTORS["iid_own"], color=PREDICTOR_COLORS[2])
         if g.tm_block.notna().any():
             ax.errorbar(g.k + 0.2, g.tm_block, yerr=[g.tm_block - g.tm_block_lo, g.tm_block_hi - g.tm_block], fmt="D-",
-                        capsize=2, label=PREDICTORS["tm_block"])
+                        capsize=2, label=PREDICTORS["tm_block"], color=PREDICTOR_COLORS[3])
     kinds = [k for k in sorted(points.kind.unique()) if k != ALL] + [ALL]
     return speedup_panels(points, kinds, draw, "Time model vs i.i.d. formula on held-out prompts", legend_size=6)
 
@@ -294,9 +298,10 @@ def main() -> None:
     for name, df in (("time_model_points", points), ("time_model_errors", errors), ("time_model_decomposition", dec),
                      ("time_model_exercise4", ex4), ("time_model_calibration", calibration)):
         save_table(df, out / f"{name}.parquet")
-    long = pd.concat([points[points.kind != ALL][["kind", "k", "measured"]].assign(series=label, predicted=points[col])
+    # `series` is the kind (colour, analysis.palette), `predictor` the marker shape (template predicted_vs_measured).
+    long = pd.concat([points[points.kind != ALL][["kind", "k", "measured"]].assign(predictor=label, predicted=points[col])
                       for col, label in PREDICTORS.items()], ignore_index=True)
-    save_csv(long[["series", "kind", "k", "predicted", "measured"]],
+    save_csv(long.assign(series=long.kind)[["series", "kind", "predictor", "k", "predicted", "measured"]],
              Path(params["metrics_dir"]) / "plots" / "time_model_predictions.csv")
     save_json(metrics, Path(params["metrics_dir"]) / "time_model.json")
     for name, fig in figures.items():

@@ -20,7 +20,7 @@ from test_dvc_safety import BIN, REPO, copy_repository, run
 DECLARED_PLOTS = {"speedup_by_k", "speedup_predicted_vs_measured", "alpha_by_k", "step_time_vs_pass_length",
                   "time_model_predicted_vs_measured"}
 ANALYSIS_MODULES = ("fit", "breakeven", "strategies", "report", "drift", "correctness", "jobs", "headline", "publish",
-                    "time_model", "recommend", "pair_section", "trees")
+                    "time_model", "recommend", "pair_section", "trees", "answer")
 LOCAL_PACKAGES = ("analysis", "speclab", "pipeline", "store")
 
 needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
@@ -29,7 +29,7 @@ needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not in
 def test_analysis_imports_no_torch():
     code = ("import analysis.fit, analysis.breakeven, analysis.strategies, analysis.report, analysis.drift, "
             "analysis.correctness, analysis.jobs, analysis.headline, analysis.publish, analysis.time_model, "
-            "analysis.recommend, analysis.pair_section, analysis.trees, speclab.estimators; "
+            "analysis.recommend, analysis.pair_section, analysis.trees, analysis.answer, speclab.estimators; "
             "import sys; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,378 @@
+"""The answer on one screen: per campaign, pair and prompt kind, which configuration to run, how much faster,
+how sure, and when not to speculate.
+
+    python -m analysis.answer     (reads the speed results of the campaigns the report shows: params.yaml's
+                                   campaign, pair_campaign, spec_bench_campaign and trees_campaign; writes
+                                   outputs/analysis/answer/*.parquet and the CSVs beside them)
+
+The same summary opens outputs/report.md (analysis.report), is the first thing `python -m analysis.recommend`
+prints, and is the description of the `analysis-<campaign>` MLflow run (analysis.publish): all three call
+``render`` on the tables this script wrote.
+
+Definitions (the report's, everywhere): a run's speed-up is its tokens/s over the adjacent plain run's
+(``ratio_to_adjacent_plain``); a configuration's speed-up is the median over its runs, with a 95% percentile
+bootstrap interval (params.yaml: bootstrap); jobs whose step times drifted by more than drift.max_ratio are left
+out, as in every section. The best configuration is the highest median over every drafter, k, k policy and tree
+shape measured greedy in the campaign; best - runner-up is the difference of the two medians, its interval a
+bootstrap over both configurations' runs (resampled independently: they are different runs). Sampled runs and
+batched runs are not candidates (sampling changes what is generated, batching what is served); they enter the
+"when not to speculate" lines where their interval lies below 1.
+
+Everything below ``main`` is pure functions over DataFrames.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read_stage_if_any, read_table,
+                             run_script, save_csv, save_table)
+from analysis.drift import drift_table, drop_drifted
+from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
+
+# params.yaml keys of the campaigns the report shows, in the report's order.
+CAMPAIGN_KEYS = ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign")
+TABLES = ("answer_best", "answer_candidates", "answer_not_to_use", "answer_provenance")
+FOLDER = "answer"
+UNRECORDED = "no result records the CPU model"
+
+
+# --------------------------------------------------------------------------------------------- candidates
+def sampling_label(rows: pd.DataFrame) -> pd.Series:
+    """``greedy``, ``T=0.7``, ``T=1, top-p 0.9``: the sampling setting of each row."""
+    t = rows.temperature.map(lambda v: f"T={v:g}")
+    top_p = rows.top_p.map(lambda v: f", top-p {v:g}" if v < 1 else "")
+    return pd.Series(np.where(rows.do_sample, t + top_p, "greedy"), index=rows.index)
+
+
+def config_label(rows: pd.DataFrame) -> pd.Series:
+    """A reader's name of each speculative row's configuration: ``draft model k=4``, ``prompt lookup cost-model k``,
+    ``tree static:2-1-1``, ``transformers default``; the planner's arm adds ``(plan)``."""
+    names = {"model": "draft model", "prompt_lookup": "prompt lookup", "hybrid": "hybrid"}
+    policies = {"cost_model": "cost-model k", "heuristic": "heuristic k"}
+    out = []
+    for r in rows.itertuples():
+        if str(r.drafter).startswith("tree:"):
+            label = "tree " + str(r.drafter).removeprefix("tree:")
+        elif r.arm == "hf_default":
+            label = "transformers default"
+        else:
+            label = names.get(r.drafter, str(r.drafter)) + (f" k={int(r.k)}" if r.k_policy == "fixed"
+                                                             else " " + policies.get(r.k_policy, str(r.k_policy)))
+        out.append(label + (" (plan)" if r.arm == "recommended" else ""))
+    return pd.Series(out, index=rows.index, dtype=object)
+
+
+def speculative_runs(speed: pd.DataFrame, campaign: str) -> pd.DataFrame:
+    """Every non-plain run with its campaign, configuration and sampling labels (the input of ``candidates``)."""
+    rows = speed[(speed.arm != "plain") & speed.ratio_to_adjacent_plain.notna()]
+    return rows.assign(campaign=campaign, config=config_label(rows), sampling=sampling_label(rows))
+
+
+def candidates(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Per campaign, pair, kind, sampling setting and configuration: runs, median speed-up and its interval
+    (no interval from fewer than two runs). Sorted best first within each group."""
+    rows = []
+    for (campaign, pair, kind, sampling, config), g in runs.groupby(
+            ["campaign", "pair", "kind", "sampling", "config"], sort=True):
+        r = g.ratio_to_adjacent_plain.to_numpy(dtype=float)
+        lo, hi = bootstrap_ci(r, np.median, **boot) if len(r) > 1 else (np.nan, np.nan)
+        rows.append({"campaign": campaign, "pair": pair, "kind": kind, "sampling": sampling, "config": config,
+                     "runs": len(r), "speedup": float(np.median(r)), "speedup_lo": lo, "speedup_hi": hi})
+    out = pd.DataFrame(rows, columns=["campaign", "pair", "kind", "sampling", "config", "runs", "speedup",
+                                      "speedup_lo", "speedup_hi"])
+    return out.sort_values(["campaign", "pair", "kind", "sampling", "speedup", "runs", "config"],
+                           ascending=[True, True, True, True, False, False, True], kind="mergesort",
+                           ignore_index=True)
+
+
+def difference_ci(a: np.ndarray, b: np.ndarray, samples: int = 2000, seed: int = 0,
+                  level: float = 0.95) -> tuple[float, float, float]:
+    """median(a) - median(b) and its percentile bootstrap interval, ``a`` and ``b`` resampled independently
+    (numpy, seeded: the same runs give the same interval). NaN interval when either has fewer than two runs."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    diff = float(np.median(a) - np.median(b))
+    if len(a) < 2 or len(b) < 2:
+        return diff, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    da = np.median(a[rng.integers(0, len(a), (samples, len(a)))], axis=1)
+    db = np.median(b[rng.integers(0, len(b), (samples, len(b)))], axis=1)
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(da - db, [tail, 100 - tail])
+    return diff, float(lo), float(hi)
+
+
+def verdict(speedup: float, lo: float, hi: float) -> str:
+    """``speculate`` (interval above 1), ``use plain`` (the best is below 1), else ``unclear`` (a tie with plain)."""
+    if speedup < 1:
+        return "use plain"
+    if lo == lo and lo > 1:
+        return "speculate"
+    return "unclear"
+
+
+def best_table(runs: pd.DataFrame, cands: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Per campaign, pair and kind (greedy candidates only): the best configuration, its speed-up, interval
+    and runs, the runner-up, best - runner-up with its interval, and the verdict."""
+    greedy = cands[cands.sampling == "greedy"]
+    out = []
+    for (campaign, pair, kind), g in greedy.groupby(["campaign", "pair", "kind"], sort=True):
+        g = g.reset_index(drop=True)  # best first (candidates' order)
+        best = g.iloc[0]
+        row = {"campaign": campaign, "pair": pair, "kind": kind, "best": best.config, "speedup": best.speedup,
+               "speedup_lo": best.speedup_lo, "speedup_hi": best.speedup_hi, "runs": int(best.runs),
+               "runner_up": None, "runner_up_speedup": np.nan, "difference": np.nan, "difference_lo": np.nan,
+               "difference_hi": np.nan, "verdict": verdict(best.speedup, best.speedup_lo, best.speedup_hi)}
+        if len(g) > 1:
+            second = g.iloc[1]
+            sel = (runs.campaign == campaign) & (runs.pair == pair) & (runs.kind == kind) & \
+                  (runs.sampling == "greedy")
+            a = runs[sel & (runs.config == best.config)].ratio_to_adjacent_plain.to_numpy(dtype=float)
+            b = runs[sel & (runs.config == second.config)].ratio_to_adjacent_plain.to_numpy(dtype=float)
+            diff, lo, hi = difference_ci(a, b, **boot)
+            row.update(runner_up=second.config, runner_up_speedup=second.speedup, difference=diff,
+                       difference_lo=lo, difference_hi=hi)
+        out.append(row)
+    return pd.DataFrame(out, columns=["campaign", "pair", "kind", "best", "speedup", "speedup_lo", "speedup_hi",
+                                      "runs", "runner_up", "runner_up_speedup", "difference", "difference_lo",
+                                      "difference_hi", "verdict"])
+
+
+def not_to_use(cands: pd.DataFrame, best: pd.DataFrame, batch: pd.DataFrame | None = None,
+               batch_campaign: str | None = None) -> pd.DataFrame:
+    """Where speculation loses: every candidate (greedy or sampled) whose whole interval is below 1, every
+    batch size and k of the batch table (``batch``: analysis.batch's speed-ups, of ``batch_campaign``) whose
+    interval is below 1, and every pair and kind whose best is below 1 (``use plain``)."""
+    cols = ["campaign", "pair", "kind", "setting", "config", "speedup", "speedup_hi", "reason"]
+    lose = cands[cands.speedup_hi < 1]
+    rows = [lose.assign(setting=lose.sampling, reason="interval below 1")]
+    if batch is not None and not batch.empty:
+        b = batch[batch.measured_hi < 1]
+        rows.append(pd.DataFrame({"campaign": batch_campaign, "pair": b.pair, "kind": "all",
+                                  "setting": "batch B=" + b.batch_size.astype(str),
+                                  "config": "draft model k=" + b.k.astype(str), "speedup": b.measured,
+                                  "speedup_hi": b.measured_hi, "reason": "interval below 1"}))
+    plain = best[best.verdict == "use plain"]
+    rows.append(pd.DataFrame({"campaign": plain.campaign, "pair": plain.pair, "kind": plain.kind,
+                              "setting": "greedy", "config": "every configuration", "speedup": plain.speedup,
+                              "speedup_hi": plain.speedup_hi, "reason": "best below 1"}))
+    out = pd.concat([r.reindex(columns=cols) for r in rows if len(r)], ignore_index=True) if any(
+        len(r) for r in rows) else pd.DataFrame(columns=cols)
+    return out[cols].reset_index(drop=True)
+
+
+def provenance(campaign: str, stage: str, meta: list[dict], devices: list[str]) -> dict:
+    """One stage of a campaign: its dates (first and last day a job finished), machine (the results' ``device``
+    column; no result records the CPU model) and commits (short, oldest first)."""
+    days = sorted({str(m.get("finished_at") or "")[:10] for m in meta} - {""})
+    commits = []
+    for m in sorted(meta, key=lambda m: str(m.get("finished_at") or "")):
+        c = str(m.get("git_commit") or "")[:7]
+        if c and c not in commits:
+            commits.append(c)
+    return {"campaign": campaign, "stage": stage, "first_day": days[0] if days else "",
+            "last_day": days[-1] if days else "", "device": ",".join(sorted(set(devices))) or "unknown",
+            "commits": ",".join(commits), "jobs": len(meta)}
+
+
+def per_campaign(prov: pd.DataFrame, shown: list[str] | None = None) -> pd.DataFrame:
+    """The stages' provenance merged per campaign (``shown``: only these campaigns, in this order)."""
+    rows = []
+    for campaign, g in prov.groupby("campaign", sort=False):
+        if shown is not None and campaign not in shown:
+            continue
+        commits = []
+        for c in ",".join(g.commits).split(","):
+            if c and c not in commits:
+                commits.append(c)
+        rows.append({"campaign": campaign, "first_day": min(d for d in g.first_day if d),
+                     "last_day": max(d for d in g.last_day if d), "device": ",".join(sorted(set(g.device))),
+                     "commits": ",".join(commits)})
+    return pd.DataFrame(rows, columns=["campaign", "first_day", "last_day", "device", "commits"])
+
+
+# ------------------------------------------------------------------------------------------------- render
+@dataclass(frozen=True)
+class Answer:
+    best: pd.DataFrame
+    candidates: pd.DataFrame
+    not_to_use: pd.DataFrame
+    provenance: pd.DataFrame
+
+
+def _x(v: float) -> str:
+    return "" if v != v else f"{v:.2f}"
+
+
+def _interval(lo: float, hi: float) -> str:
+    return "" if lo != lo or hi != hi else f"{lo:.2f}-{hi:.2f}"
+
+
+def _signed(v: float) -> str:
+    return "" if v != v else f"{v:+.2f}"
+
+
+def days(p: pd.Series) -> str:
+    return p.first_day if p.first_day == p.last_day else f"{p.first_day} to {p.last_day}"
+
+
+def machine(p: pd.Series) -> str:
+    return f"device {p.device}"
+
+
+def _kinds(kinds) -> str:
+    return ", ".join(sorted(set(kinds)))
+
+
+def _configs(configs: list[str]) -> str:
+    """``draft model k=1``, ``draft model k=2``, ``draft model k=4``, ``hybrid k=4`` -> ``draft model k=1-2, 4; hybrid k=4``."""
+    families: dict[str, list] = {}
+    for c in configs:
+        m = re.fullmatch(r"(.*) k=(\d+)", c)
+        family, item = (m.group(1), int(m.group(2))) if m else (c, None)
+        families.setdefault(family, []).append(item)
+    out = []
+    for family, items in families.items():
+        ks = sorted(i for i in items if i is not None)
+        ranges, start = [], None
+        for i, k in enumerate(ks):
+            start = k if start is None else start
+            if i + 1 == len(ks) or ks[i + 1] != k + 1:
+                ranges.append(f"{start}" if start == k else f"{start}-{k}")
+                start = None
+        text = [f"{family} k={', '.join(ranges)}"] if ks else []
+        out += text + ([family] if None in items else [])
+    return ", ".join(out)
+
+
+def _setting_order(setting: str) -> tuple:
+    return (0 if setting == "greedy" else 1 if setting.startswith("batch") else 2, setting)
+
+
+def not_to_use_lines(lose: pd.DataFrame, limit: int = 8) -> list[str]:
+    """One line per campaign and pair: configurations (grouped by the kinds where they lose), batch sizes and
+    sampling settings whose interval is below 1, and kinds where even the best is below 1."""
+    lines = []
+    for (campaign, pair), g in lose.groupby(["campaign", "pair"], sort=False):
+        plain = g[g.reason == "best below 1"]
+        parts = [f"**use plain** for {_kinds(plain.kind)}"] if len(plain) else []
+        loss = g[g.reason != "best below 1"]
+        groups: dict[tuple, list[str]] = {}
+        for (setting, config), h in loss.groupby(["setting", "config"], sort=True):
+            groups.setdefault((setting, _kinds(h.kind)), []).append(config)
+        items = [f"{_configs(configs)} ({kinds}{'' if setting == 'greedy' else ', ' + setting})"
+                 for (setting, kinds), configs in sorted(groups.items(), key=lambda kv: (_setting_order(kv[0][0]),
+                                                                                        kv[0][1]))]
+        shown = items[:limit] + ([f"and {len(items) - limit} more"] if len(items) > limit else [])
+        if shown:
+            parts.append("loses with " + "; ".join(shown))
+        lines.append(f"- {campaign}, {pair}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def render(ans: Answer, heading: str = "##") -> list[str]:
+    """The first screen: one table and a few lines (Markdown; the report's, recommend's and MLflow's)."""
+    b = ans.best
+    if b.empty:
+        return [f"{heading} The answer\n", "_no speed results in the campaigns shown (run `python -m analysis.answer` "
+                "or `dvc repro`)_\n"]
+    table = pd.DataFrame({"campaign": b.campaign, "pair": b.pair, "kind": b.kind, "best configuration": b.best,
+                          "speed-up": b.speedup.map(_x), "95% interval": [_interval(lo, hi) for lo, hi in
+                                                                         zip(b.speedup_lo, b.speedup_hi)],
+                          "runs": b.runs, "runner-up": b.runner_up.fillna(""),
+                          "best - runner-up": [f"{_signed(d)} ({lo:.2f} to {hi:.2f})" if d == d and lo == lo else _signed(d) if d == d else ""
+                                               for d, lo, hi in zip(b.difference, b.difference_lo, b.difference_hi)],
+                          "verdict": b.verdict})
+    s = [f"{heading} The answer: speculate or not, with what, how much faster\n",
+         "Fastest configuration per campaign, pair and prompt kind, over every drafter, k, k policy and tree shape "
+         "measured greedy: speed-up = median of its runs' tokens/s over the adjacent plain run's (95% bootstrap "
+         "interval; `runs` = adjacent pairs); best - runner-up: difference of medians (95% bootstrap over runs). "
+         "`speculate`: interval above 1; `unclear`: not told apart from plain; `use plain`: the best loses.\n",
+         table.to_markdown(index=False, disable_numparse=True), ""]
+    if len(ans.not_to_use):
+        s += ["**When not to speculate** (measured 95% interval below 1; full list in "
+              "`outputs/analysis/answer/not_to_use.csv`):\n", *not_to_use_lines(ans.not_to_use), ""]
+    if len(ans.provenance):
+        prov = per_campaign(ans.provenance, list(dict.fromkeys(b.campaign)))
+        s.append("**Measured**: " + "; ".join(f"{p.campaign} {days(p)}, {machine(p)}, commit{'s' if ',' in p.commits else ''} "
+                                              f"{p.commits.replace(',', ', ')}" for p in prov.itertuples())
+                 + f" ({UNRECORDED}). Every later section names its campaign; *Why numbers differ between sections* "
+                 "says why the same configuration measures differently in two of them.\n")
+    return s
+
+
+def render_text(ans: Answer) -> str:
+    return "\n".join(render(ans, heading="#"))
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def campaigns(params: dict) -> list[str]:
+    """The campaigns the report shows, once each, in the report's order."""
+    out = []
+    for key in CAMPAIGN_KEYS:
+        name = params.get(key)
+        if name and name not in out:
+            campaign_dir(params["outputs_dir"], name)  # a name, never a path
+            out.append(name)
+    return out
+
+
+def read_answer(analysis_dir: str | Path) -> Answer | None:
+    """The tables ``main`` wrote, or None when the answer has not been computed yet."""
+    t = {name: read_table(Path(analysis_dir) / FOLDER, name.removeprefix("answer_")) for name in TABLES}
+    if t["answer_best"].empty:
+        return None
+    return Answer(t["answer_best"], t["answer_candidates"], t["answer_not_to_use"], t["answer_provenance"])
+
+
+def compute(params: dict) -> Answer:
+    boot = bootstrap_settings(params)
+    max_ratio = float(params["drift"]["max_ratio"])
+    runs, prov = [], []
+    for campaign in campaigns(params):
+        speed = read_stage_if_any(params["outputs_dir"], "speed", campaign)
+        if speed.empty:
+            continue
+        if params["drift"].get("exclude", True):
+            speed = drop_drifted(speed, drift_table(speed, max_ratio))
+        runs.append(speculative_runs(speed, campaign))
+    # Dates, machine and commits of every stage a section's speed-ups come from (the time model's campaign too:
+    # the planner's check is a section of the report).
+    for campaign in dict.fromkeys([*campaigns(params), (params.get("time_model") or {}).get("campaign")]):
+        if not campaign:
+            continue
+        for stage in ("speed", "batch"):
+            files = read_stage_files(params["outputs_dir"], campaign, stage)
+            if files:
+                devices = {str(d) for f in files for d in f.data.get("device", pd.Series(dtype=str)).unique()}
+                prov.append(provenance(campaign, stage, [f.meta for f in files], sorted(devices)))
+    if not runs:
+        raise AnalysisError(f"no speed results in the campaigns {campaigns(params)}: nothing to answer")
+    runs = pd.concat(runs, ignore_index=True)
+    order = {c: i for i, c in enumerate(campaigns(params))}
+    cands = candidates(runs, boot)
+    best = best_table(runs, cands, boot)
+    cands = cands.sort_values("campaign", key=lambda c: c.map(order), kind="mergesort", ignore_index=True)
+    best = best.sort_values("campaign", key=lambda c: c.map(order), kind="mergesort", ignore_index=True)
+    batch = read_table(params["analysis_dir"], "batch_speedups")
+    lose = not_to_use(cands, best, batch, params.get("campaign"))
+    return Answer(best, cands, lose, pd.DataFrame(prov))
+
+
+def main() -> None:
+    params = load_params()
+    ans = compute(params)
+    out = Path(params["analysis_dir"]) / FOLDER
+    for name, df in zip(TABLES, (ans.best, ans.candidates, ans.not_to_use, ans.provenance)):
+        save_table(df, out / f"{name.removeprefix('answer_')}.parquet")
+    save_csv(ans.candidates, out / "candidates.csv")
+    save_csv(ans.not_to_use, out / "not_to_use.csv")
+    print(render_text(ans))
+
+
+if __name__ == "__main__":
+    run_script("analysis.answer", main)

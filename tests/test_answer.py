@@ -1,0 +1,193 @@
+"""The answer on one screen (analysis.answer): the best configuration, its interval, the runner-up and the difference on
+hand-made runs; the report's first screen against the tables below it; the same summary as the first lines of
+`python -m analysis.recommend` and as the description of the MLflow analysis run."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from analysis.answer import (Answer, best_table, candidates, difference_ci, not_to_use, read_answer, render,
+                             render_text)
+from analysis.common import bootstrap_ci
+
+REPO = Path(__file__).resolve().parents[1]
+BOOT = {"samples": 500, "seed": 0, "level": 0.95}
+
+
+def runs(campaign: str, pair: str, kind: str, config: str, ratios, sampling: str = "greedy") -> pd.DataFrame:
+    return pd.DataFrame({"campaign": campaign, "pair": pair, "kind": kind, "config": config, "sampling": sampling,
+                         "ratio_to_adjacent_plain": np.asarray(ratios, dtype=float)})
+
+
+@pytest.fixture
+def hand_made() -> pd.DataFrame:
+    return pd.concat([
+        runs("c", "p", "code", "draft model k=4", [1.50, 1.62, 1.41, 1.55, 1.58]),
+        runs("c", "p", "code", "draft model k=2", [1.20, 1.31, 1.25, 1.10, 1.22]),
+        runs("c", "p", "code", "prompt lookup k=4", [0.80, 0.85, 0.90, 0.82]),
+        runs("c", "p", "code", "tree static:2-1-1", [3.0]),           # one run: highest, but no interval
+        runs("c", "p", "code", "draft model k=4", [2.5, 2.6, 2.7], sampling="T=1"),   # sampled: never the best
+        runs("c", "p", "prose", "draft model k=4", [0.95, 0.97, 0.90, 0.99]),
+        runs("c", "p", "prose", "draft model k=2", [0.70, 0.75, 0.72]),
+        runs("c", "p", "prose", "draft model k=2", [0.60, 0.62, 0.61], sampling="T=0.7"),
+    ], ignore_index=True)
+
+
+def test_best_runner_up_difference_and_verdict_on_hand_made_runs(hand_made):
+    cands = candidates(hand_made, BOOT)
+    best = best_table(hand_made, cands, BOOT).set_index("kind")
+    code, prose = best.loc["code"], best.loc["prose"]
+    # the one-run tree has the highest median: it is the best, with no interval, and the verdict is not "speculate"
+    assert code.best == "tree static:2-1-1" and code.speedup == 3.0 and code.runs == 1
+    assert np.isnan(code.speedup_lo) and code.verdict == "unclear"
+    assert code.runner_up == "draft model k=4" and code.runner_up_speedup == pytest.approx(1.55)
+    assert np.isnan(code.difference_lo)  # no interval from one run
+    assert code.difference == pytest.approx(3.0 - 1.55)
+    # without the tree: the draft model k=4 wins, with an interval from its five runs and the runner-up k=2
+    no_tree = hand_made[hand_made.config != "tree static:2-1-1"]
+    b = best_table(no_tree, candidates(no_tree, BOOT), BOOT).set_index("kind").loc["code"]
+    a4 = [1.50, 1.62, 1.41, 1.55, 1.58]
+    assert b.best == "draft model k=4" and b.runs == 5 and b.speedup == pytest.approx(1.55)
+    assert (b.speedup_lo, b.speedup_hi) == pytest.approx(bootstrap_ci(np.array(a4), np.median, **BOOT))
+    assert b.runner_up == "draft model k=2" and b.runner_up_speedup == pytest.approx(1.22)
+    assert b.difference == pytest.approx(1.55 - 1.22)
+    assert 0 < b.difference_lo <= b.difference <= b.difference_hi  # every resample of k=4 beats every one of k=2
+    assert b.verdict == "speculate"
+    # prose: the best is below 1 -> use plain, and the losers are listed
+    assert prose.verdict == "use plain" and prose.best == "draft model k=4"
+    lose = not_to_use(cands, best.reset_index(), None)
+    assert {("prose", "every configuration", "best below 1")} <= set(zip(lose.kind, lose.config, lose.reason))
+    assert ("code", "prompt lookup k=4", "greedy") in set(zip(lose.kind, lose.config, lose.setting))
+    assert ("prose", "draft model k=2", "T=0.7") in set(zip(lose.kind, lose.config, lose.setting))  # sampling too
+    assert ("code", "draft model k=4", "T=1") not in set(zip(lose.kind, lose.config, lose.setting))
+
+
+def test_difference_interval_by_hand():
+    assert difference_ci([2.0, 2.0, 2.0], [1.0, 1.0], 200, 0, 0.95) == (1.0, 1.0, 1.0)
+    d, lo, hi = difference_ci([1.0, 3.0], [1.0, 1.0], 2000, 0, 0.95)
+    # medians of two resampled values: 1, 2 or 3 (each resample of b is 1): the 2.5% and 97.5% points are 0 and 2
+    assert d == 1.0 and (lo, hi) == (0.0, 2.0)
+    # order: best minus runner-up, not the reverse
+    assert difference_ci([1.0, 1.1, 1.2], [2.0, 2.1, 2.2], 200, 0, 0.95)[0] == pytest.approx(-1.0)
+
+
+def test_batch_sizes_below_one_are_listed():
+    cands = pd.DataFrame(columns=["campaign", "pair", "kind", "sampling", "config", "runs", "speedup", "speedup_lo",
+                                  "speedup_hi"])
+    batch = pd.DataFrame({"pair": ["p", "p", "p"], "batch_size": [1, 2, 4], "k": [4, 4, 4],
+                          "measured": [0.87, 1.15, 0.98], "measured_hi": [0.94, 1.29, 1.05]})  # B=4: a tie, kept
+    lose = not_to_use(cands, best_table(cands.assign(ratio_to_adjacent_plain=[]), cands, BOOT), batch, "ref")
+    assert list(zip(lose.setting, lose.config)) == [("batch B=1", "draft model k=4")]
+
+
+# ---------------------------------------------------------------------------------- the committed report
+def _tables(text: str) -> list[tuple[int, pd.DataFrame]]:
+    """Every Markdown pipe table of ``text``: (line of its header, its rows as strings)."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"^\|[:\- |]+\|$", lines[i + 1]):
+            header = [c.strip() for c in lines[i].strip("|").split("|")]
+            rows, j = [], i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                rows.append([c.strip() for c in lines[j].strip("|").split("|")])
+                j += 1
+            out.append((i, pd.DataFrame(rows, columns=header)))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end > 0 else len(text)]
+
+
+def test_first_screen_matches_the_tables_below_it():
+    text = (REPO / "outputs" / "report.md").read_text()
+    tables = _tables(text)
+    first_line, screen = tables[0]
+    assert text.splitlines()[2].startswith("## The answer") and first_line < 40  # the answer opens the report
+    end = text.index("## Why numbers differ")
+    assert text[:end].count("\n") <= 50, "the first screen is about 40 lines"
+    behind = _tables(_section(text, "## Behind the answer"))[0][1]
+    behind = behind.assign(speedup=behind.speedup.astype(float), speedup_lo=behind.speedup_lo.astype(float),
+                           speedup_hi=behind.speedup_hi.astype(float))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    shown = [params[k] for k in ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign")]
+    assert list(dict.fromkeys(screen.campaign)) == shown
+    for r in screen.itertuples():
+        g = behind[(behind.campaign == r.campaign) & (behind.pair == r.pair) & (behind.kind == r.kind)]
+        assert len(g), r
+        top = g.iloc[0]
+        # the best is the table's fastest configuration of its pair and kind, with the same numbers
+        # (the table below has 3 decimals, the screen 2)
+        assert top.config == r._4 and abs(top.speedup - float(r._5)) <= 0.0051 and str(top.runs) == r.runs
+        assert top.speedup == g.speedup.max()
+        if r._6:
+            lo, hi = (float(v) for v in r._6.split("-"))
+            assert abs(top.speedup_lo - lo) <= 0.0051 and abs(top.speedup_hi - hi) <= 0.0051
+        if r._8:
+            second = g.iloc[1]
+            assert second.config == r._8
+            diff = float(r._9.split()[0])
+            assert diff == pytest.approx(top.speedup - second.speedup, abs=0.006)
+            lo, hi = (float(v) for v in re.search(r"\((\S+) to (\S+)\)", r._9).groups())
+            assert lo <= diff <= hi
+        verdict = "use plain" if top.speedup < 1 else "speculate" if top.speedup_lo > 1 else "unclear"
+        assert r.verdict == verdict
+    # and the answer's numbers are the sections' own where they measure the same thing (computed apart)
+    ref = _section(text, "## Drafters and k policies")
+    strategies = _tables(ref)[0][1]
+    for r in screen[screen.campaign == params["campaign"]].itertuples():
+        name = {"draft model cost-model k": "draft model, adaptive k (cost model)",
+                "prompt lookup k=4": "prompt lookup, best fixed k"}.get(r._4)
+        if name:
+            row = strategies[(strategies.kind == r.kind) & (strategies.strategy == name)].iloc[0]
+            assert abs(float(row.speedup) - float(r._5)) <= 0.0051
+            assert all(abs(float(a) - float(b)) <= 0.0051
+                       for a, b in zip((row.speedup_lo, row.speedup_hi), r._6.split("-")))
+    bench = _section(text, "## Spec-Bench workloads")
+    for r in screen[screen.campaign == params["spec_bench_campaign"]].itertuples():
+        block = bench[bench.index(f"**{r.pair}, {r.kind}**"):]
+        t = _tables(block)[0][1]
+        label = r._4.replace("draft model", "model").replace("prompt lookup", "prompt_lookup").replace(
+            "cost-model k", "cost_model")
+        label = ("recommended " + label.removesuffix(" (plan)")) if label.endswith("(plan)") else "speculative " + label
+        row = t[t.config == label].iloc[0]
+        assert (row.speedup_speclab, row.interval) == (r._5, r._6)
+
+
+def test_numbers_carry_their_campaign_and_no_internal_words():
+    text = (REPO / "outputs" / "report.md").read_text()
+    for heading in re.findall(r"^## .*$", text, flags=re.M):
+        if heading.startswith(("## The answer", "## Why numbers differ", "## The sections below", "## Behind")):
+            continue
+        assert "campaign" in heading, heading
+    for word in ("same_config_", "other_plan_blocks", "none of the latest plan's", "issue "):
+        assert word not in text, word
+    widest = max(len(t.columns) for _, t in _tables(text))
+    assert widest <= 14
+    assert "## Why numbers differ between sections" in text
+
+
+def test_recommend_prints_the_answer_first():
+    out = subprocess.run([sys.executable, "-m", "analysis.recommend", "--campaign", "timemodel2"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ans = read_answer(REPO / "outputs" / "analysis")
+    assert out.stdout.startswith(render_text(ans))
+    assert "\ncampaign timemodel2\n" in out.stdout
+
+
+def test_render_without_rows_says_how_to_make_it():
+    empty = Answer(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+    assert "python -m analysis.answer" in "\n".join(render(empty))
