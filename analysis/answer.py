@@ -38,7 +38,7 @@ from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
 CAMPAIGN_KEYS = ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign")
 TABLES = ("answer_best", "answer_candidates", "answer_not_to_use", "answer_provenance")
 FOLDER = "answer"
-UNRECORDED = "no result records the CPU model"
+UNRECORDED = "the CPU model is recorded only by jobs written since results name their machine"
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -165,9 +165,13 @@ def not_to_use(cands: pd.DataFrame, best: pd.DataFrame, batch: pd.DataFrame | No
     return out[cols].reset_index(drop=True)
 
 
+NOT_RECORDED = "not recorded"  # results written before their provenance named the machine
+
+
 def provenance(campaign: str, stage: str, meta: list[dict], devices: list[str]) -> dict:
     """One stage of a campaign: its dates (first and last day a job finished), machine (the results' ``device``
-    column; no result records the CPU model) and commits (short, oldest first)."""
+    column and the machine their provenance records; jobs written before it was recorded count as "not
+    recorded") and commits (short, oldest first)."""
     days = sorted({str(m.get("finished_at") or "")[:10] for m in meta} - {""})
     commits = []
     for m in sorted(meta, key=lambda m: str(m.get("finished_at") or "")):
@@ -176,6 +180,7 @@ def provenance(campaign: str, stage: str, meta: list[dict], devices: list[str]) 
             commits.append(c)
     return {"campaign": campaign, "stage": stage, "first_day": days[0] if days else "",
             "last_day": days[-1] if days else "", "device": ",".join(sorted(set(devices))) or "unknown",
+            "machines": "; ".join(sorted({str(m.get("machine") or NOT_RECORDED) for m in meta})),
             "commits": ",".join(commits), "jobs": len(meta)}
 
 
@@ -191,8 +196,9 @@ def per_campaign(prov: pd.DataFrame, shown: list[str] | None = None) -> pd.DataF
                 commits.append(c)
         rows.append({"campaign": campaign, "first_day": min(d for d in g.first_day if d),
                      "last_day": max(d for d in g.last_day if d), "device": ",".join(sorted(set(g.device))),
+                     "machines": "; ".join(sorted(set("; ".join(g.machines).split("; ")))),
                      "commits": ",".join(commits)})
-    return pd.DataFrame(rows, columns=["campaign", "first_day", "last_day", "device", "commits"])
+    return pd.DataFrame(rows, columns=["campaign", "first_day", "last_day", "device", "machines", "commits"])
 
 
 # ------------------------------------------------------------------------------------------------- render
@@ -221,7 +227,8 @@ def days(p: pd.Series) -> str:
 
 
 def machine(p: pd.Series) -> str:
-    return f"device {p.device}"
+    recorded = [m for m in str(getattr(p, "machines", NOT_RECORDED)).split("; ") if m and m != NOT_RECORDED]
+    return f"device {p.device}" + "".join(f", {m}" for m in recorded)
 
 
 def _kinds(kinds) -> str:
@@ -300,7 +307,7 @@ def render(ans: Answer, heading: str = "##") -> list[str]:
         prov = per_campaign(ans.provenance, list(dict.fromkeys(b.campaign)))
         s.append("**Measured**: " + "; ".join(f"{p.campaign} {days(p)}, {machine(p)}, commit{'s' if ',' in p.commits else ''} "
                                               f"{p.commits.replace(',', ', ')}" for p in prov.itertuples())
-                 + f" ({UNRECORDED}). Every later section names its campaign; *Why numbers differ between sections* "
+                 + (f" ({UNRECORDED})" if prov.machines.str.contains(NOT_RECORDED).any() else "") + ". Every later section names its campaign; *Why numbers differ between sections* "
                  "says why the same configuration measures differently in two of them.\n")
     return s
 

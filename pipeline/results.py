@@ -9,7 +9,9 @@ from omegaconf import DictConfig
 
 from pipeline.job_inputs import job_inputs
 from pipeline.jobs import config_hash
+from pipeline.machine import describe
 from pipeline.redact import redact_all
+from speclab.models import resolve_device
 from store.records import write_parquet
 
 
@@ -28,7 +30,8 @@ def provenance(cfg: DictConfig, part: str, started: str, git_commit: str, prompt
     prompts' contexts were made (the chat template resolved for this tokenizer, two-turn items' answers)."""
     return {"stage": part, "campaign": str(cfg.campaign), "config_hash": config_hash(cfg), "pair": str(cfg.pair.name),
             "git_commit": git_commit, "started_at": started, "finished_at": now(), "overrides": hydra_overrides(),
-            "inputs": job_inputs(cfg), **({"prompt_format": prompt_format} if prompt_format else {})}
+            "inputs": job_inputs(cfg), "machine": describe(str(resolve_device(str(cfg.device)))),
+            **({"prompt_format": prompt_format} if prompt_format else {})}
 
 
 def write_result(rows, schema, path: Path, meta: dict) -> Path:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.redact import redact, redact_all
 from store.locks import tracking_store_lock
 from store.mlflow_probe import first_line, unreachable
+from pipeline.machine import cpu_model
 from store.records import git_commit
 
 # Bound MLflow's own HTTP retries (by default minutes against a dead server) unless the user chose.
@@ -125,23 +126,13 @@ SWEEP_PID_ENV = "SPECLAB_SWEEP_PROCESS"  # "<pid> <host>" of the multirun's own 
 SWEEP_DIR_ENV = "SPECLAB_SWEEP_DIR"  # the multirun's folder, for a summary when a job's failure ends the sweep
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_tags() -> dict[str, str]:
     """Where the numbers were measured: timings only compare within one machine and load."""
     import psutil
     import torch
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"host": platform.node(), "cpu_model": _cpu_model(), "cpu_count": str(os.cpu_count()),
+    return {"host": platform.node(), "cpu_model": cpu_model(), "cpu_count": str(os.cpu_count()),
             "torch_threads": str(torch.get_num_threads()), "load_1m": f"{load[0]:.2f}",
             "memory_gb": f"{psutil.virtual_memory().total / 2**30:.1f}"}
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 from omegaconf import DictConfig
 
+from pipeline.machine import usable_cores
+
 OK, UNCHECKED = "ok", "unchecked"
 CHECKED_STAGES = ("speed", "batch", "timing")
 log = logging.getLogger("speclab")
@@ -28,14 +30,6 @@ log = logging.getLogger("speclab")
 class Failed:
     name: str  # drift, load, runs or placement
     reason: str  # one line: the value and the limit
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity mask on this platform
-        return os.cpu_count() or 1
 
 
 def check_drift(ratio: float, max_ratio: float) -> Failed | None:

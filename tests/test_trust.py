@@ -190,6 +190,10 @@ def test_a_file_logged_later_keeps_its_verdict(tmp_path, monkeypatch, restore_th
     cfg = make_cfg(tmp_path, *small)
     run_parts(cfg)
     assert set(pd.read_parquet(output_path(cfg, "timing")).trust) == {"load"}
+    from pipeline.machine import cpu_model
+    from store.records import read_meta
+
+    assert read_meta(output_path(cfg, "timing"))["machine"] == f"{cpu_model()}, {trust.usable_cores()} cores"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_parts(make_cfg(tmp_path, *small, "mlflow.enabled=true", f"mlflow.tracking_uri={uri}"))
     import mlflow
