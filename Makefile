@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 QWEN := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 
-.PHONY: run test setup clean-venv qwen run-qwen test-qwen test-cluster publish
+.PHONY: run test setup clean-venv qwen run-qwen test-qwen test-cluster publish mutation
 
 setup: $(VENV)/.installed
 
@@ -57,6 +57,19 @@ test-cluster: setup
 # run in MLflow).
 publish: setup
 	$(BIN)/python -m analysis.publish
+
+# Mutation testing of the core (mutation/README.md): mutmut mutates speclab's loop, step, acceptance rules, sampling,
+# batched loop and its cache, drafters, k policies, cost model and statistics, runs the tests that reach each mutant,
+# and mutation/score.py writes the score and every survivor to outputs/mutation/ (exit 1 below 95%).
+mutation: $(VENV)/.mutation-installed
+	rm -rf mutants
+	mkdir -p outputs/mutation
+	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children 2 > outputs/mutation/mutmut.log 2>&1 || (tail -c 3000 outputs/mutation/mutmut.log; exit 1)
+	$(BIN)/python mutation/score.py
+
+$(VENV)/.mutation-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[mutation]'
+	touch $@
 
 clean-venv:
 	rm -rf $(VENV)

@@ -14,6 +14,8 @@ V = 8
 PROMPT = torch.tensor([[3, 1, 4]])
 SAMPLING = SamplingConfig(do_sample=True, temperature=1.0)
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.fixture(scope="module")
 def models():
@@ -60,4 +62,24 @@ def test_sampling_loop_with_top_k_and_temperature(models):
     joint = exact_pair_distribution(target, cfg)
     counts = pair_counts(target, draft, accept_sample, 3000, cfg)
     assert counts[joint == 0].sum() == 0  # nothing outside the top-k is ever emitted
+    assert chi_square(counts, joint).pvalue > 0.001
+
+
+def test_bonus_token_follows_the_target_after_every_accepted_proposal(models):
+    """Draft = target: the proposal is always accepted, so the second token is the bonus, drawn from the target's
+    row after the proposal; drawn from the proposal's own row (the prompt's distribution again) the pair
+    distribution would be p1(t1) p1(t2), far from the exact joint."""
+    import copy
+
+    target = models[0]
+    draft = copy.deepcopy(target)
+    joint = exact_pair_distribution(target)
+    p1 = joint.reshape(V, V).sum(1)
+    assert 0.5 * np.abs(joint - np.outer(p1, p1).flatten()).sum() > 0.15  # the wrong row would be seen
+    g = torch.Generator().manual_seed(99)
+    counts = np.zeros(V * V)
+    for _ in range(2000):
+        out = speculative_generate(target, draft, PROMPT, 2, k=1, sampling=SAMPLING, generator=g)
+        assert [(it.k, it.accepted, it.bonus) for it in out.iterations] == [(1, 1, True)]
+        counts[out.tokens[0] * V + out.tokens[1]] += 1
     assert chi_square(counts, joint).pvalue > 0.001

@@ -1,0 +1,376 @@
+"""A battery of seeded calls into the core (loop, batch, acceptance, sampling, drafters, k policies, cost model,
+statistics) whose outputs are recorded in ``tests/golden/core_battery.json``.
+
+``tests/test_core_golden.py`` reruns it and compares: any change of an output (a token, an iteration's counts, a
+probability to 6 significant digits, a k chosen, a p-value, an error message) fails, so a bug that changes output
+cannot pass unnoticed even where no behavioural test states the expected value. The behavioural tests say why an
+output is right; this one says that it did not move. After an intended change of output, rewrite the record with
+
+    .venv/bin/python tests/core_battery.py --write
+
+and say in the commit why the outputs moved. One torch thread: the record is exact for a thread count.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+GOLDEN = Path(__file__).parent / "golden" / "core_battery.json"
+V = 48
+
+
+def num(x: Any) -> Any:
+    """JSON-safe, rounded to 6 significant digits (floats), recursively."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return [num(v) for v in x.tolist()] if x.ndim else num(x.item())
+    if isinstance(x, (list, tuple)):
+        return [num(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): num(v) for k, v in x.items()}
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(f"{float(x):.6g}") if np.isfinite(x) else str(float(x))
+    return x if x is None or isinstance(x, str) else repr(x)
+
+
+def outcome(fn: Callable[[], Any]) -> Any:
+    """The call's output, or its error as ``Type: message`` (bad input is part of the contract)."""
+    try:
+        return num(fn())
+    except Exception as err:  # noqa: BLE001 - every error's text is recorded
+        return f"{type(err).__name__}: {err}"
+
+
+def _perturbed(model: torch.nn.Module, sigma: float, seed: int) -> torch.nn.Module:
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.numel() > 1:
+                p.add_(torch.randn(p.shape, generator=g) * sigma * p.std())
+    return draft
+
+
+def _iterations(result) -> list:
+    return [[s.k, s.accepted, s.bonus, s.new_tokens, s.length, s.draft_fed, s.draft_calls, s.target_fed,
+             s.with_prompt, s.checked] for s in result.iterations]
+
+
+def _batch_iterations(result) -> list:
+    return [[s.rows, s.k, s.accepted, s.checked, s.bonus_rows, s.new_tokens, num(s.masked_share),
+             num(s.draft_masked_share), s.dummy_inputs, s.with_prompt] for s in result.iterations]
+
+
+def _models():
+    from speclab.models import tiny_random_model
+
+    target = tiny_random_model(V, seed=5, logit_scale=3.0)
+    return target, _perturbed(target, 0.3, 1), _perturbed(target, 1.0, 2)
+
+
+PROMPTS = [
+    [3, 9, 4, 17, 3, 9, 4, 22, 3, 9],  # repeats: lookup matches
+    [40, 2, 2, 7],
+    [11, 30, 12, 31, 13, 32, 14, 33, 11, 30, 12, 31, 5],
+]
+
+
+def _ids(p: list[int]) -> torch.Tensor:
+    return torch.tensor([p])
+
+
+def _policies() -> dict[str, Callable[[], Any]]:
+    from speclab.k_policy import ConditionedK, CostModelK, HeuristicK
+    from speclab.time_model import CostTable
+
+    table = CostTable({1: 0.3, 2: 0.35}, {k: 1.0 + 0.08 * k for k in range(1, 9)})
+    dear = CostTable({1: 0.9, 2: 1.0}, {k: 1.3 + 0.05 * k for k in range(1, 9)})
+    return {
+        "fixed3": lambda: 3,
+        "heuristic": lambda: HeuristicK(2, k_min=1, k_max=6),
+        "cost_chapter": lambda: CostModelK(0.3, 1.1, k_min=1, k_max=6, decay=0.7),
+        "cost_jagged": lambda: CostModelK(0.25, {k: 1.0 + 0.1 * (k % 3) for k in range(1, 9)}, k_min=1, k_max=8),
+        "cost_table_iid": lambda: CostModelK(0.3, k_max=8, table=table, estimator="iid"),
+        "cost_table_positions": lambda: CostModelK(0.3, k_min=0, k_max=8, table=table, estimator="positions",
+                                                   probe_every=2),
+        "cost_dear_plain": lambda: CostModelK(0.9, k_min=0, k_max=8, table=dear, decay=0.5, probe_every=3),
+        "conditioned": lambda: ConditionedK(lambda label: CostModelK(0.0, table.verify, k_min=0, k_max=8,
+                                                                     table=CostTable({1: 0.0, 2: 0.0}, table.verify))),
+    }
+
+
+def _drafters(good, bad) -> dict[str, Callable[[], Any]]:
+    from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+
+    return {
+        "model_good": lambda: ModelDrafter(good),
+        "model_bad": lambda: bad,
+        "lookup": lambda: PromptLookupDrafter(),
+        "lookup_2_2": lambda: PromptLookupDrafter(max_ngram=2, min_ngram=2),
+        "hybrid": lambda: HybridDrafter(good),
+        "hybrid_min3": lambda: HybridDrafter(bad, max_ngram=2, min_match=3),
+    }
+
+
+def loop_cases(target, good, bad) -> dict:
+    from speclab.acceptance import accept_sample_resample_target
+    from speclab.loop import plain_generate, speculative_generate
+    from speclab.sampling import SamplingConfig
+
+    out: dict[str, Any] = {}
+    hot = SamplingConfig(True, 0.8, top_k=12, top_p=0.9)
+    for d_name, make_d in _drafters(good, bad).items():
+        for p_name, make_p in _policies().items():
+            for i, prompt in enumerate(PROMPTS[:2]):
+                def run(sampling=None, seed=0, **kw):
+                    g = torch.Generator().manual_seed(seed) if sampling else None
+                    r = speculative_generate(target, make_d(), _ids(prompt), 14, k=make_p(),
+                                             sampling=sampling or SamplingConfig(), generator=g, **kw)
+                    return [r.tokens, r.prompt_len, _iterations(r)]
+                out[f"greedy/{d_name}/{p_name}/{i}"] = outcome(run)
+                out[f"sample/{d_name}/{p_name}/{i}"] = outcome(lambda: run(hot, seed=i))
+    for i, prompt in enumerate(PROMPTS):
+        out[f"greedy_eos/{i}"] = outcome(lambda: _iterations(speculative_generate(
+            target, good, _ids(prompt), 20, k=4, eos_token_id=[7, 19])))
+        out[f"no_merge/{i}"] = outcome(lambda: _iterations(speculative_generate(
+            target, good, _ids(prompt), 9, k=3, merge_prefill=False)))
+        out[f"wrong_rule/{i}"] = outcome(lambda: speculative_generate(
+            target, bad, _ids(prompt), 12, k=2, sampling=SamplingConfig(True), generator=torch.Generator().manual_seed(3),
+            rule=accept_sample_resample_target).tokens)
+        for budget in (1, 2, 5):
+            out[f"budget{budget}/{i}"] = outcome(lambda: _iterations(speculative_generate(
+                target, good, _ids(prompt), budget, k=3)))
+        out[f"plain_greedy/{i}"] = outcome(lambda: plain_generate(target, _ids(prompt), 10, eos_token_id=19).tokens)
+        out[f"plain_sample/{i}"] = outcome(lambda: plain_generate(
+            target, _ids(prompt), 10, hot, generator=torch.Generator().manual_seed(i)).tokens)
+    return out
+
+
+def batch_cases(target, good, bad) -> dict:
+    from speclab.batch import batch_plain_generate, batch_speculative_generate
+    from speclab.batch_cache import sliding_window
+    from speclab.sampling import SamplingConfig
+
+    out: dict[str, Any] = {"sliding_window": outcome(lambda: sliding_window(target))}
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    hot = SamplingConfig(True, 1.2, top_p=0.95)
+    for d_name, make_d in _drafters(good, bad).items():
+        for p_name in ("fixed3", "cost_table_positions", "conditioned"):
+            make_p = _policies()[p_name]
+            for compact in (0.25, None):
+                def run(sampling=None, **kw):
+                    g = torch.Generator().manual_seed(7) if sampling else None
+                    r = batch_speculative_generate(target, make_d(), prompts, 12, k=make_p(),
+                                                   sampling=sampling or SamplingConfig(), generator=g,
+                                                   compact_at=compact, eos_token_id=[19], **kw)
+                    return [r.tokens, r.prompt_lens, r.accepted, r.proposed, r.checked, _batch_iterations(r)]
+                out[f"greedy/{d_name}/{p_name}/{compact}"] = outcome(run)
+                out[f"sample/{d_name}/{p_name}/{compact}"] = outcome(lambda: run(hot))
+    out["no_merge"] = outcome(lambda: _batch_iterations(batch_speculative_generate(
+        target, good, prompts, 8, k=2, merge_prefill=False)))
+    out["plain_greedy"] = outcome(lambda: batch_plain_generate(target, prompts, 9, eos_token_id=[19]).tokens)
+    out["plain_sample"] = outcome(lambda: batch_plain_generate(
+        target, prompts, 9, hot, generator=torch.Generator().manual_seed(2)).tokens)
+    return out
+
+
+def rule_cases() -> dict:
+    from speclab import acceptance as A
+
+    g = torch.Generator().manual_seed(11)
+    out: dict[str, Any] = {}
+    for k in (0, 1, 3, 5):
+        p = torch.softmax(torch.randn(k + 1, 9, generator=g) * 2, -1)
+        q = torch.softmax(torch.randn(k, 9, generator=g) * 2, -1)
+        props = torch.multinomial(q, 1, generator=g).view(-1) if k else torch.empty(0, dtype=torch.long)
+        for name, rule in A.SAMPLING_RULES.items():
+            gg = torch.Generator().manual_seed(k)
+            out[f"{name}/{k}"] = outcome(lambda: [rule(props, p, q, gg) for _ in range(30)])
+        logits = torch.log(p)
+        out[f"greedy/{k}"] = outcome(lambda: A.accept_greedy(torch.argmax(logits[:k], -1), logits))
+        out[f"greedy_miss/{k}"] = outcome(lambda: A.accept_greedy((torch.argmax(logits[:k], -1) + 1) % 9, logits))
+    logits = torch.randn(3, 5, 9, generator=g)
+    props = torch.argmax(logits[:, :4], -1)
+    props[0, 2] = (props[0, 2] + 1) % 9
+    props[1, 0] = (props[1, 0] + 1) % 9
+    out["batch_greedy"] = outcome(lambda: A.batch_accept_greedy(props, logits))
+    out["batch_greedy_counts"] = outcome(lambda: A.batch_accept_greedy(props, logits, torch.tensor([4, 2, 0])))
+    p, q = torch.softmax(torch.randn(9, generator=g), -1), torch.softmax(torch.randn(9, generator=g), -1)
+    out["residual"] = outcome(lambda: A.residual(p, q))
+    out["residual_equal"] = outcome(lambda: A.residual(p, p))
+    for rule in ("correct", "resample_target", "keep_draft", "nope"):
+        out[f"first_token_draws/{rule}"] = outcome(
+            lambda: np.bincount(A.first_token_draws(p, q, 2000, rule, torch.Generator().manual_seed(1)), minlength=9))
+        out[f"rule_output/{rule}"] = outcome(lambda: A.rule_output_distribution(p, q, rule))
+    return out
+
+
+def sampling_cases() -> dict:
+    from speclab.sampling import SamplingConfig, choose_token, logits_to_probs
+
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(2, 10, generator=g) * 2
+    out: dict[str, Any] = {}
+    for t in (0.5, 1.0, 1.7):
+        for top_k in (0, 1, 3, 10, 12):
+            for top_p in (1.0, 0.9, 0.5, 0.05):
+                cfg = SamplingConfig(True, t, top_k, top_p)
+                out[f"{t}/{top_k}/{top_p}"] = outcome(lambda: logits_to_probs(logits, cfg))
+                out[f"choose/{t}/{top_k}/{top_p}"] = outcome(
+                    lambda: [choose_token(logits[0], cfg, torch.Generator().manual_seed(s)) for s in range(6)])
+    out["greedy_choice"] = outcome(lambda: choose_token(logits[1], SamplingConfig(), None))
+    for bad in [dict(do_sample=True, temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5),
+                dict(do_sample=False, temperature=0.0)]:
+        out[f"bad/{sorted(bad.items())}"] = outcome(lambda: SamplingConfig(**bad))
+    return out
+
+
+def cost_cases() -> dict:
+    from speclab import cost_model as C
+
+    out: dict[str, Any] = {}
+    alphas = np.array([0.0, 0.3, 0.6, 0.9, 0.99, 1.0])
+    for k in (1, 2, 5):
+        out[f"tokens/{k}"] = outcome(lambda: C.expected_tokens_per_iteration(alphas, k))
+        for cd, cv, oh in [(0.1, 1.0, 0.0), (0.4, 1.3, 0.2), (0.0, 0.8, 0.0), (1.2, 1.0, 0.0)]:
+            out[f"speedup/{k}/{cd}/{cv}/{oh}"] = outcome(lambda: C.predicted_speedup(alphas, k, cd, cv, oh))
+            out[f"cost/{k}/{cd}/{cv}/{oh}"] = outcome(lambda: C.iteration_cost(k, cd, cv, oh))
+            out[f"break_even/{k}/{cd}/{cv}/{oh}"] = outcome(lambda: C.break_even_alpha(k, cd, cv, oh))
+    out["scalar"] = outcome(lambda: [C.expected_tokens_per_iteration(0.7, 3), C.predicted_speedup(0.7, 3, 0.2)])
+    for a in (0.2, 0.6, 0.95):
+        out[f"best_k/{a}"] = outcome(lambda: [C.best_k(a, 0.2), C.best_k(a, 0.05, {k: 1 + 0.1 * k for k in range(1, 9)},
+                                                                          k_max=8), C.best_k(a, 0.3, 1.0, 4, 0.5)])
+    for bad in [(1.5, 2), (-0.1, 2), (0.5, 0), (0.5, np.array([1, 0]))]:
+        out[f"bad/{bad[0]}/{bad[1]}"] = outcome(lambda: C.expected_tokens_per_iteration(*bad))
+    out["bad_break_even"] = outcome(lambda: C.break_even_alpha(0, 0.1))
+    return out
+
+
+def stats_cases() -> dict:
+    from speclab import stats as S
+
+    rng = np.random.default_rng(13)
+    out: dict[str, Any] = {}
+    for i, (n_bins, conc, n) in enumerate([(8, 1.0, 200), (30, 0.3, 400), (5, 5.0, 1000), (70, 0.2, 3000)]):
+        p = rng.dirichlet(np.full(n_bins, conc))
+        c = rng.multinomial(n, p)
+        skew = rng.multinomial(n, rng.dirichlet(np.full(n_bins, conc)))
+        out[f"pool/{i}"] = outcome(lambda: S.pool_bins(c, p))
+        out[f"pool3/{i}"] = outcome(lambda: S.pool_bins(c, p, 3.0))
+        out[f"chi/{i}"] = outcome(lambda: S.chi_square(c, p).__dict__)
+        out[f"chi_skew/{i}"] = outcome(lambda: S.chi_square(skew, p).__dict__)
+        out[f"top/{i}"] = outcome(lambda: S.chi_square_top(c, p, n_top=4).__dict__)
+        out[f"top_default/{i}"] = outcome(lambda: S.chi_square_top(skew, p).__dict__)
+    ties = np.array([0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05])
+    out["top_ties"] = outcome(lambda: S.chi_square_top(np.array([30, 10, 25, 9, 12, 8, 4, 2]), ties, n_top=4).__dict__)
+    out["power"] = outcome(lambda: [S.chi_square_power(np.array([0.3, 0.3, 0.2, 0.2]), np.array([0.4, 0.3, 0.2, 0.1]),
+                                                       300, sims=40, n_top=3, seed=2),
+                                    S.chi_square_power(np.array([0.4, 0.3, 0.2, 0.1]), np.array([0.4, 0.3, 0.2, 0.1]),
+                                                       300, level=0.2, sims=40, seed=3)])
+    for i, values in enumerate([[1.2], [1.1, 1.1, 1.1], [0.9, 1.3, 1.1, np.nan, 1.6, 1.0], rng.lognormal(0, 0.3, 25)]):
+        out[f"median_interval/{i}"] = outcome(lambda: S.median_interval(np.array(values)))
+        out[f"median_interval90/{i}"] = outcome(lambda: S.median_interval(np.array(values), 0.9, 500, seed=4))
+    out["median_interval_empty"] = outcome(lambda: S.median_interval(np.array([np.nan])))
+    out["bad_zero"] = outcome(lambda: S.chi_square(np.zeros(3), np.ones(3) / 3))
+    out["bad_shape"] = outcome(lambda: S.chi_square(np.ones(3), np.ones(4) / 4))
+    return out
+
+
+def policy_cases() -> dict:
+    from speclab.k_policy import CostModelK, FixedK, HeuristicK, RowPolicies, as_count, as_policy
+
+    out: dict[str, Any] = {}
+    trace = [(3, 3), (4, 1), (0, 0), (2, 0), (0, 0), (0, 0), (5, 5), (6, 6), (6, 2), (0, 0), (1, 1), (3, 0)]
+    for name, make in _policies().items():
+        def run():
+            p = as_policy(make())
+            p.start()
+            ks = []
+            for i, (prop, acc) in enumerate(trace):
+                if hasattr(p, "condition"):
+                    p.condition(i % 3)
+                ks.append(p.k)
+                p.update(min(prop, p.k) if prop else 0, min(acc, prop, p.k))
+            extra = [p.alpha, p.acc, p.chk, p.pos_acc, p.pos_chk, p.survival()] if hasattr(p, "survival") else []
+            return [ks, extra]
+        out[name] = outcome(run)
+    out["rows"] = outcome(lambda: _row_policies(RowPolicies, HeuristicK))
+    for value in (3, np.int64(2), torch.tensor(4), 0, -1, 2.0, True, "3", None):
+        out[f"as_count/{value!r}"] = outcome(lambda: as_count(value))
+        out[f"fixed/{value!r}"] = outcome(lambda: FixedK(value).k)
+    out["as_count_min0"] = outcome(lambda: [as_count(0, "k_min", minimum=0), as_count(-1, "k_min", minimum=0)])
+    for kw in [dict(k_start=0), dict(k_start=3, k_min=4), dict(k_start=9, k_max=8), dict(k_start=2, k_min=0)]:
+        out[f"heuristic_bad/{sorted(kw.items())}"] = outcome(lambda: HeuristicK(**kw).k)
+    for kw in [dict(estimator="x"), dict(decay=1.0), dict(decay=-0.1), dict(k_min=3, k_max=2), dict(c_draft=-1.0),
+               dict(probe_every=0), dict(k_min=-1)]:
+        out[f"cost_bad/{sorted(kw.items())}"] = outcome(lambda: CostModelK(**{"c_draft": 0.3, **kw}).k)
+    return out
+
+
+def _row_policies(RowPolicies, HeuristicK):
+    rows = RowPolicies(HeuristicK(2, k_min=1, k_max=6), 3)
+    seen = [rows.ks(None)]
+    rows.update([2, 2, 2], [2, 0, 1])
+    seen.append(rows.ks(None))
+    rows.select([2, 0])
+    rows.update([4, 3], [4, 3])
+    seen.append(rows.ks(None))
+    return seen
+
+
+def lookup_cases() -> dict:
+    from speclab import drafters as D
+
+    out: dict[str, Any] = {}
+    g = torch.Generator().manual_seed(14)
+    seqs = [torch.randint(0, 5, (n,), generator=g) for n in (1, 2, 6, 15, 30)]
+    seqs.append(torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3]))
+    for i, s in enumerate(seqs):
+        for mx, mn in [(3, 1), (2, 2), (4, 1), (1, 1)]:
+            out[f"hits/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_hits(s, mx, mn))
+            out[f"match/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_match(s, mx, mn))
+            out[f"cont/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_continuation(s, 4, mx, mn))
+    out["bad_lookup"] = outcome(lambda: D.PromptLookupDrafter(1, 2))
+    out["bad_lookup0"] = outcome(lambda: D.PromptLookupDrafter(0, 0))
+    out["bad_hybrid"] = outcome(lambda: D.HybridDrafter(None, min_match=0))
+    return out
+
+
+SECTIONS: dict[str, Callable[[], dict]] = {
+    "loop": lambda: loop_cases(*_models()), "batch": lambda: batch_cases(*_models()), "rules": rule_cases,
+    "sampling": sampling_cases, "cost": cost_cases, "stats": stats_cases, "policies": policy_cases,
+    "lookup": lookup_cases,
+}
+
+
+def run_section(name: str) -> dict:
+    """One section's outputs, computed with one torch thread (JSON-normalised, as recorded)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return json.loads(json.dumps(SECTIONS[name]()))
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_battery() -> dict:
+    return {name: run_section(name) for name in SECTIONS}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/core_battery.py --write   (rewrites tests/golden/core_battery.json)")
+    GOLDEN.parent.mkdir(exist_ok=True)
+    GOLDEN.write_text(json.dumps(run_battery(), indent=0, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")

@@ -1,0 +1,32 @@
+"""The core's outputs on a seeded battery (tests/core_battery.py) are the recorded ones, to 6 significant digits.
+
+Catches any bug that changes an output (a token, an iteration's counts, a probability, a k chosen, a p-value, an
+error message), including the ones no behavioural test states a value for. After an intended change of output:
+``.venv/bin/python tests/core_battery.py --write``, and say why in the commit.
+"""
+import json
+
+import pytest
+
+from core_battery import GOLDEN, SECTIONS, run_section
+
+RECORDED = json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("section", sorted(SECTIONS))
+def test_core_outputs_are_the_recorded_ones(section):
+    got, want = run_section(section), RECORDED[section]
+    changed = sorted(k for k in want.keys() | got.keys() if got.get(k) != want.get(k))
+    assert not changed, f"{len(changed)} of {len(want)} {section} outputs changed, first: {changed[0]}: " \
+                        f"recorded {json.dumps(want.get(changed[0]))[:300]}, now {json.dumps(got.get(changed[0]))[:300]}"
+
+
+def test_the_record_covers_every_section_and_varied_outcomes():
+    assert set(RECORDED) == set(SECTIONS)
+    loop = RECORDED["loop"]
+    iterations = [it for v in loop.values() if isinstance(v, list) and len(v) == 3 for it in v[2]]
+    assert any(0 < it[1] < it[0] for it in iterations)  # partial acceptance
+    assert any(it[2] for it in iterations) and any(it[0] == 0 for it in iterations)  # bonus tokens, plain steps
+    errors = [v for sec in RECORDED.values() for v in sec.values() if isinstance(v, str) and "Error: " in v]
+    assert len(errors) > 30  # bad input's messages are recorded too
+    assert not any(e.startswith("TypeError") for e in errors)  # a call the battery got wrong, not a checked input
