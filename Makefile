@@ -64,7 +64,7 @@ publish: setup
 mutation: $(VENV)/.mutation-installed
 	rm -rf mutants
 	mkdir -p outputs/mutation
-	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children 2 > outputs/mutation/mutmut.log 2>&1 || (tail -c 3000 outputs/mutation/mutmut.log; exit 1)
+	OMP_NUM_THREADS=1 SPECLAB_TEST_THREADS=1 $(BIN)/mutmut run --max-children 2 > outputs/mutation/mutmut.log 2>&1 || (tail -c 3000 outputs/mutation/mutmut.log; exit 1)
 	$(BIN)/python mutation/score.py
 
 $(VENV)/.mutation-installed: $(VENV)/.installed

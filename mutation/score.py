@@ -35,6 +35,11 @@ def verdicts(mutants: Path) -> dict[str, str]:
     return out
 
 
+def partial(status: dict[str, str]) -> dict[str, str]:
+    """Only the mutants already checked (to read a run still under way)."""
+    return {k: v for k, v in status.items() if v != "not checked"}
+
+
 def diff(name: str) -> str:
     """The mutant's change as ``-old`` / ``+new`` lines (mutmut's unified diff without its headers)."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
@@ -49,8 +54,10 @@ def file_of(name: str) -> str:
     return module.replace(".", "/") + ".py"
 
 
-def score(mutants: Path, equivalent: dict, minimum: float) -> tuple[dict, str]:
+def score(mutants: Path, equivalent: dict, minimum: float, checked_only: bool = False) -> tuple[dict, str]:
     status = verdicts(mutants)
+    if checked_only:
+        status = partial(status)
     rows, survivors, stale = [], [], []
     for name, st in sorted(status.items()):
         if st in CAUGHT:
@@ -105,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--equivalent", type=Path, default=ROOT / "mutation" / "equivalent.yaml")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "mutation")
     ap.add_argument("--min", type=float, default=0.95, dest="minimum")
+    ap.add_argument("--checked-only", action="store_true", help="leave out mutants not checked yet (a run under way)")
     a = ap.parse_args(argv)
     if not any(a.mutants.rglob("*.py.meta")):
         print(f"no mutmut results under {a.mutants}: run `make mutation` first", file=sys.stderr)
         return 2
     equivalent = yaml.safe_load(a.equivalent.read_text()) or {} if a.equivalent.exists() else {}
-    result, text = score(a.mutants, equivalent, a.minimum)
+    result, text = score(a.mutants, equivalent, a.minimum, a.checked_only)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "score.json").write_text(json.dumps(result, indent=2) + "\n")
     (a.out / "survivors.md").write_text(text + "\n")

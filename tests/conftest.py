@@ -6,7 +6,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# SPECLAB_TEST_THREADS: make mutation runs every test in one thread (mutmut forks its workers, and a forked
+# OpenMP pool can deadlock).
+torch.set_num_threads(int(os.environ.get("SPECLAB_TEST_THREADS", 0)) or max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")

@@ -79,6 +79,18 @@ def _models():
     return target, _perturbed(target, 0.3, 1), _perturbed(target, 1.0, 2)
 
 
+def _sliding() -> torch.nn.Module:
+    """A tiny Gemma 3 with a sliding-window layer (window 6)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(21)
+    cfg = Gemma3TextConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
+                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
 PROMPTS = [
     [3, 9, 4, 17, 3, 9, 4, 22, 3, 9],  # repeats: lookup matches
     [40, 2, 2, 7],
@@ -91,13 +103,15 @@ def _ids(p: list[int]) -> torch.Tensor:
 
 
 def _policies() -> dict[str, Callable[[], Any]]:
-    from speclab.k_policy import ConditionedK, CostModelK, HeuristicK
+    from speclab.k_policy import ConditionedK, CostModelK, FixedK, HeuristicK
     from speclab.time_model import CostTable
 
     table = CostTable({1: 0.3, 2: 0.35}, {k: 1.0 + 0.08 * k for k in range(1, 9)})
     dear = CostTable({1: 0.9, 2: 1.0}, {k: 1.3 + 0.05 * k for k in range(1, 9)})
     return {
         "fixed3": lambda: 3,
+        "heuristic_defaults": lambda: HeuristicK(),
+        "cost_defaults": lambda: CostModelK(0.2),
         "heuristic": lambda: HeuristicK(2, k_min=1, k_max=6),
         "cost_chapter": lambda: CostModelK(0.3, 1.1, k_min=1, k_max=6, decay=0.7),
         "cost_jagged": lambda: CostModelK(0.25, {k: 1.0 + 0.1 * (k % 3) for k in range(1, 9)}, k_min=1, k_max=8),
@@ -105,15 +119,74 @@ def _policies() -> dict[str, Callable[[], Any]]:
         "cost_table_positions": lambda: CostModelK(0.3, k_min=0, k_max=8, table=table, estimator="positions",
                                                    probe_every=2),
         "cost_dear_plain": lambda: CostModelK(0.9, k_min=0, k_max=8, table=dear, decay=0.5, probe_every=3),
+        "by_label": lambda: ConditionedK(lambda label: FixedK(1 + label if isinstance(label, int) else 4)),
         "conditioned": lambda: ConditionedK(lambda label: CostModelK(0.0, table.verify, k_min=0, k_max=8,
                                                                      table=CostTable({1: 0.0, 2: 0.0}, table.verify))),
     }
+
+
+class OneRowLookup:
+    """Prompt lookup through the one-row interface (start/propose/rollback/label): the loop wraps it in OneRow."""
+
+    def __init__(self) -> None:
+        from speclab.drafters import PromptLookupDrafter
+
+        self.inner = PromptLookupDrafter(max_ngram=2)
+
+    def start(self, ids, n_ctx):
+        self.inner.start(ids, n_ctx)
+
+    def label(self, ids, length):
+        return self.inner.label(ids, length)
+
+    def propose(self, ids, length, k, sampling, generator):
+        return self.inner.propose(ids, length, k, sampling, generator)
+
+    def rollback(self, valid_length):
+        self.inner.rollback(valid_length)
+
+
+class OneRowModel:
+    """A draft model through the one-row interface, without a cache: each proposal is one uncached pass over the
+    sequence so far, arg-max or drawn (then its distribution goes with it); ``start`` keeps the prompt, which
+    every proposal must still begin with."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def start(self, ids, n_ctx):
+        self.prompt = ids[0, :n_ctx].clone()
+
+    def propose(self, ids, length, k, sampling, generator):
+        from speclab.sampling import logits_to_probs
+
+        seq = ids[0, :length].clone()
+        if not torch.equal(seq[: self.prompt.shape[0]], self.prompt):
+            raise ValueError("the sequence no longer begins with the prompt")
+        props, rows = [], []
+        for _ in range(k):
+            logits = self.model(seq.view(1, -1)).logits[0, -1]
+            if sampling.do_sample:
+                p = logits_to_probs(logits, sampling)
+                tok = int(torch.multinomial(p, 1, generator=generator))
+                rows.append(p)
+            else:
+                tok = int(torch.argmax(logits))
+            props.append(tok)
+            seq = torch.cat([seq, seq.new_tensor([tok])])
+        q = torch.stack(rows) if rows else None
+        return seq.new_tensor(props), q
+
+    def rollback(self, valid_length):
+        pass
 
 
 def _drafters(good, bad) -> dict[str, Callable[[], Any]]:
     from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 
     return {
+        "one_row_lookup": OneRowLookup,
+        "one_row_model": lambda: OneRowModel(good),
         "model_good": lambda: ModelDrafter(good),
         "model_bad": lambda: bad,
         "lookup": lambda: PromptLookupDrafter(),
@@ -141,6 +214,7 @@ def loop_cases(target, good, bad) -> dict:
                 out[f"greedy/{d_name}/{p_name}/{i}"] = outcome(run)
                 out[f"sample/{d_name}/{p_name}/{i}"] = outcome(lambda: run(hot, seed=i))
     for i, prompt in enumerate(PROMPTS):
+        out[f"defaults/{i}"] = outcome(lambda: _iterations(speculative_generate(target, good, _ids(prompt), 11)))
         out[f"greedy_eos/{i}"] = outcome(lambda: _iterations(speculative_generate(
             target, good, _ids(prompt), 20, k=4, eos_token_id=[7, 19])))
         out[f"no_merge/{i}"] = outcome(lambda: _iterations(speculative_generate(
@@ -162,9 +236,12 @@ def batch_cases(target, good, bad) -> dict:
     from speclab.batch_cache import sliding_window
     from speclab.sampling import SamplingConfig
 
-    out: dict[str, Any] = {"sliding_window": outcome(lambda: sliding_window(target))}
+    out: dict[str, Any] = {"sliding_window": outcome(lambda: [sliding_window(target), sliding_window(_sliding())])}
     prompts = [torch.tensor(p) for p in PROMPTS]
     hot = SamplingConfig(True, 1.2, top_p=0.95)
+    out["sliding_batch"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts, 4, k=2).tokens)
+    out["sliding_one_row"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts[:1], 12,
+                                                                        k=3).tokens)
     for d_name, make_d in _drafters(good, bad).items():
         for p_name in ("fixed3", "cost_table_positions", "conditioned"):
             make_p = _policies()[p_name]
@@ -177,6 +254,8 @@ def batch_cases(target, good, bad) -> dict:
                     return [r.tokens, r.prompt_lens, r.accepted, r.proposed, r.checked, _batch_iterations(r)]
                 out[f"greedy/{d_name}/{p_name}/{compact}"] = outcome(run)
                 out[f"sample/{d_name}/{p_name}/{compact}"] = outcome(lambda: run(hot))
+    out["defaults"] = outcome(lambda: _batch_iterations(batch_speculative_generate(target, good, prompts, 10)))
+    out["defaults_plain"] = outcome(lambda: batch_plain_generate(target, prompts, 6).tokens)
     out["no_merge"] = outcome(lambda: _batch_iterations(batch_speculative_generate(
         target, good, prompts, 8, k=2, merge_prefill=False)))
     out["plain_greedy"] = outcome(lambda: batch_plain_generate(target, prompts, 9, eos_token_id=[19]).tokens)
@@ -237,9 +316,17 @@ def sampling_cases() -> dict:
 
 
 def cost_cases() -> dict:
+    with np.errstate(all="raise"):  # a warning the model meant to silence becomes an error (and a changed output)
+        return _cost_cases()
+
+
+def _cost_cases() -> dict:
     from speclab import cost_model as C
 
     out: dict[str, Any] = {}
+    out["types"] = [type(C.expected_tokens_per_iteration(0.7, 3)).__name__, type(C.predicted_speedup(0.7, 3, 0.2)).__name__,
+                    type(C.expected_tokens_per_iteration(np.array([0.7]), 3)).__name__]
+    out["best_k_cap"] = outcome(lambda: [C.best_k(0.99, 0.01), C.best_k(0.999, 0.0, 1.0, 12)])
     alphas = np.array([0.0, 0.3, 0.6, 0.9, 0.99, 1.0])
     for k in (1, 2, 5):
         out[f"tokens/{k}"] = outcome(lambda: C.expected_tokens_per_iteration(alphas, k))
@@ -254,6 +341,8 @@ def cost_cases() -> dict:
     for bad in [(1.5, 2), (-0.1, 2), (0.5, 0), (0.5, np.array([1, 0]))]:
         out[f"bad/{bad[0]}/{bad[1]}"] = outcome(lambda: C.expected_tokens_per_iteration(*bad))
     out["bad_break_even"] = outcome(lambda: C.break_even_alpha(0, 0.1))
+    out["defaults"] = outcome(lambda: [C.break_even_alpha(k, cd) for k in (1, 3, 6) for cd in (0.0, 0.1, 0.3, 1.0)]
+                              + [C.predicted_speedup(0.8, 3, 0.2), C.iteration_cost(3, 0.2, 1.1)])
     return out
 
 
@@ -272,13 +361,29 @@ def stats_cases() -> dict:
         out[f"chi_skew/{i}"] = outcome(lambda: S.chi_square(skew, p).__dict__)
         out[f"top/{i}"] = outcome(lambda: S.chi_square_top(c, p, n_top=4).__dict__)
         out[f"top_default/{i}"] = outcome(lambda: S.chi_square_top(skew, p).__dict__)
+    flat = np.full(100, 0.01)  # every bin well filled: n_top decides how many bins are tested
+    c_flat = rng.multinomial(20000, flat)
+    out["top_flat"] = outcome(lambda: [S.chi_square_top(c_flat, flat).__dict__,
+                                       S.chi_square_top(c_flat, flat, 61, 3.0).__dict__,
+                                       S.chi_square_top(c_flat * 0 + 1, flat, 5, min_expected=0.5).__dict__])
+    # Ties cut by n_top inside a group, in shuffled order: which tied tokens are kept depends on a stable sort.
+    wide_ties = np.random.default_rng(5).permutation(np.repeat([0.04, 0.02, 0.01], [10, 15, 15]))
+    wide_ties = wide_ties / wide_ties.sum()
+    c_ties = rng.multinomial(900, wide_ties)
+    out["top_wide_ties"] = outcome(lambda: [S.chi_square_top(c_ties, wide_ties, n_top=18, min_expected=1.0).__dict__,
+                                            S.chi_square_top(c_ties.astype(np.int32), wide_ties.tolist(), 30).__dict__])
+    out["power_top10"] = outcome(lambda: S.chi_square_power(flat, np.r_[0.02, np.full(98, 0.98 / 98), 0.0], 3000,
+                                                            sims=30, n_top=10))
+    out["power_defaults"] = outcome(lambda: S.chi_square_power(flat, np.r_[0.02, np.full(98, 0.98 / 98), 0.0], 3000))
     ties = np.array([0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05])
     out["top_ties"] = outcome(lambda: S.chi_square_top(np.array([30, 10, 25, 9, 12, 8, 4, 2]), ties, n_top=4).__dict__)
     out["power"] = outcome(lambda: [S.chi_square_power(np.array([0.3, 0.3, 0.2, 0.2]), np.array([0.4, 0.3, 0.2, 0.1]),
                                                        300, sims=40, n_top=3, seed=2),
                                     S.chi_square_power(np.array([0.4, 0.3, 0.2, 0.1]), np.array([0.4, 0.3, 0.2, 0.1]),
                                                        300, level=0.2, sims=40, seed=3)])
-    for i, values in enumerate([[1.2], [1.1, 1.1, 1.1], [0.9, 1.3, 1.1, np.nan, 1.6, 1.0], rng.lognormal(0, 0.3, 25)]):
+    for i, values in enumerate([[1.2], [1.1, 1.1, 1.1], [0.9, 1.3, 1.1, np.nan, 1.6, 1.0], rng.lognormal(0, 0.3, 25),
+                                [1.0, 1.0, 1.0, 2.0], [2.0, 1.0, 1.0, 1.0], rng.lognormal(0, 1.0, 9),
+                                [0.5, 0.6, 3.0, 9.0, 0.55, 0.7, 12.0], [1.0, 1.4], rng.lognormal(0, 0.5, 40)]):
         out[f"median_interval/{i}"] = outcome(lambda: S.median_interval(np.array(values)))
         out[f"median_interval90/{i}"] = outcome(lambda: S.median_interval(np.array(values), 0.9, 500, seed=4))
     out["median_interval_empty"] = outcome(lambda: S.median_interval(np.array([np.nan])))
@@ -310,7 +415,8 @@ def policy_cases() -> dict:
         out[f"as_count/{value!r}"] = outcome(lambda: as_count(value))
         out[f"fixed/{value!r}"] = outcome(lambda: FixedK(value).k)
     out["as_count_min0"] = outcome(lambda: [as_count(0, "k_min", minimum=0), as_count(-1, "k_min", minimum=0)])
-    for kw in [dict(k_start=0), dict(k_start=3, k_min=4), dict(k_start=9, k_max=8), dict(k_start=2, k_min=0)]:
+    for kw in [dict(k_start=0), dict(k_start=3, k_min=4), dict(k_start=9, k_max=8), dict(k_start=2, k_min=0),
+               dict(k_start=2, k_min=2), dict(k_start=5, k_max=5), dict(k_start=1, k_min=1, k_max=1)]:
         out[f"heuristic_bad/{sorted(kw.items())}"] = outcome(lambda: HeuristicK(**kw).k)
     for kw in [dict(estimator="x"), dict(decay=1.0), dict(decay=-0.1), dict(k_min=3, k_max=2), dict(c_draft=-1.0),
                dict(probe_every=0), dict(k_min=-1)]:
@@ -336,11 +442,14 @@ def lookup_cases() -> dict:
     g = torch.Generator().manual_seed(14)
     seqs = [torch.randint(0, 5, (n,), generator=g) for n in (1, 2, 6, 15, 30)]
     seqs.append(torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3]))
+    seqs.append(torch.tensor([1, 2, 3, 4, 9, 9, 5, 2, 3, 4, 8, 7, 1, 2, 3, 4]))  # 4-gram and 3-gram matches differ
+    seqs.append(torch.tensor([6, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]))
     for i, s in enumerate(seqs):
         for mx, mn in [(3, 1), (2, 2), (4, 1), (1, 1)]:
             out[f"hits/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_hits(s, mx, mn))
             out[f"match/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_match(s, mx, mn))
             out[f"cont/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_continuation(s, 4, mx, mn))
+        out[f"defaults/{i}"] = outcome(lambda: [D.lookup_hits(s), D.lookup_match(s), D.lookup_continuation(s, 3)])
     out["bad_lookup"] = outcome(lambda: D.PromptLookupDrafter(1, 2))
     out["bad_lookup0"] = outcome(lambda: D.PromptLookupDrafter(0, 0))
     out["bad_hybrid"] = outcome(lambda: D.HybridDrafter(None, min_match=0))
