@@ -114,6 +114,8 @@ def _policies() -> dict[str, Callable[[], Any]]:
         "cost_defaults": lambda: CostModelK(0.2),
         "heuristic": lambda: HeuristicK(2, k_min=1, k_max=6),
         "cost_chapter": lambda: CostModelK(0.3, 1.1, k_min=1, k_max=6, decay=0.7),
+        "cost_chapter_plain": lambda: CostModelK(0.35, 1.3, k_min=0, k_max=6, decay=0.6, probe_every=3),
+        "cost_sure": lambda: CostModelK(0.3, 1.1, k_min=1, k_max=6, alpha0=1.0),
         "cost_jagged": lambda: CostModelK(0.25, {k: 1.0 + 0.1 * (k % 3) for k in range(1, 9)}, k_min=1, k_max=8),
         "cost_table_iid": lambda: CostModelK(0.3, k_max=8, table=table, estimator="iid"),
         "cost_table_positions": lambda: CostModelK(0.3, k_min=0, k_max=8, table=table, estimator="positions",
@@ -396,7 +398,8 @@ def policy_cases() -> dict:
     from speclab.k_policy import CostModelK, FixedK, HeuristicK, RowPolicies, as_count, as_policy
 
     out: dict[str, Any] = {}
-    trace = [(3, 3), (4, 1), (0, 0), (2, 0), (0, 0), (0, 0), (5, 5), (6, 6), (6, 2), (0, 0), (1, 1), (3, 0)]
+    # Mixed evidence, then a long run of fully accepted iterations (the estimates approach 1: their caps matter).
+    trace = [(3, 3), (4, 1), (0, 0), (2, 0), (0, 0), (0, 0), (5, 5), (6, 6), (6, 2), (0, 0), (1, 1), (3, 0)] + [(8, 8)] * 40
     for name, make in _policies().items():
         def run():
             p = as_policy(make())

@@ -1,0 +1,63 @@
+"""Re-check the survivors of a finished ``mutmut run`` against tests written since, without a full run.
+
+    .venv/bin/python mutation/recheck.py                      # tests/test_core_golden.py against every survivor
+    .venv/bin/python mutation/recheck.py tests/test_stats.py  # other tests
+
+A survivor passed every test that reached it in the run; it is killed now if one of the given tests (copied
+afresh into ``mutants/tests``) fails with it switched on (mutmut's ``MUTANT_UNDER_TEST``), and then recorded as
+killed in mutmut's results, so ``mutation/score.py`` and ``mutmut results`` count it. Sound because tests only
+get added: a mutant survives iff all tests pass. ``make mutation`` (a full run) reproduces the verdicts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTANTS = ROOT / "mutants"
+SURVIVED = {0, 5, 33}  # survived, or no test reached it
+
+
+def survivors() -> dict[str, Path]:
+    out = {}
+    for meta in sorted(MUTANTS.rglob("*.py.meta")):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if code in SURVIVED:
+                out[name] = meta
+    return out
+
+
+def killed_by(name: str, tests: list[str]) -> bool:
+    env = {**os.environ, "MUTANT_UNDER_TEST": name, "OMP_NUM_THREADS": "1", "SPECLAB_TEST_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout=90",
+                        "-m", "not real_model", *tests], cwd=MUTANTS, env=env, capture_output=True, text=True)
+    return r.returncode not in (0, 5)
+
+
+def main(argv: list[str]) -> int:
+    tests = argv or ["tests/test_core_golden.py"]
+    if not MUTANTS.is_dir():
+        print("no mutants/ folder: run `make mutation` first", file=sys.stderr)
+        return 2
+    shutil.copytree(ROOT / "tests", MUTANTS / "tests", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    todo = survivors()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        verdicts = dict(zip(todo, pool.map(lambda n: killed_by(n, tests), todo)))
+    for meta in {m for m in todo.values()}:
+        data = json.loads(meta.read_text())
+        for name, killed in verdicts.items():
+            if killed and todo[name] == meta:
+                data["exit_code_by_key"][name] = 1
+        meta.write_text(json.dumps(data, indent=4))
+    print(f"{sum(verdicts.values())} of {len(todo)} survivors killed by {' '.join(tests)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
