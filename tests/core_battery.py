@@ -198,7 +198,8 @@ def _drafters(good, bad) -> dict[str, Callable[[], Any]]:
     }
 
 
-def loop_cases(target, good, bad) -> dict:
+def loop_cases(target, good, bad, part: str) -> dict:
+    """One drafter's generations under every k policy (``part`` = its name), or the other loop cases ("misc")."""
     from speclab.acceptance import accept_sample_resample_target
     from speclab.loop import plain_generate, speculative_generate
     from speclab.sampling import SamplingConfig
@@ -206,6 +207,8 @@ def loop_cases(target, good, bad) -> dict:
     out: dict[str, Any] = {}
     hot = SamplingConfig(True, 0.8, top_k=12, top_p=0.9)
     for d_name, make_d in _drafters(good, bad).items():
+        if d_name != part:
+            continue
         for p_name, make_p in _policies().items():
             for i, prompt in enumerate(PROMPTS[:2]):
                 def run(sampling=None, seed=0, **kw):
@@ -215,7 +218,7 @@ def loop_cases(target, good, bad) -> dict:
                     return [r.tokens, r.prompt_len, _iterations(r)]
                 out[f"greedy/{d_name}/{p_name}/{i}"] = outcome(run)
                 out[f"sample/{d_name}/{p_name}/{i}"] = outcome(lambda: run(hot, seed=i))
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(PROMPTS if part == "misc" else []):
         out[f"defaults/{i}"] = outcome(lambda: _iterations(speculative_generate(target, good, _ids(prompt), 11)))
         out[f"greedy_eos/{i}"] = outcome(lambda: _iterations(speculative_generate(
             target, good, _ids(prompt), 20, k=4, eos_token_id=[7, 19])))
@@ -233,18 +236,18 @@ def loop_cases(target, good, bad) -> dict:
     return out
 
 
-def batch_cases(target, good, bad) -> dict:
+def batch_cases(target, good, bad, part: str) -> dict:
+    """One drafter's batched generations (``part`` = its name), or the other batched cases ("misc")."""
     from speclab.batch import batch_plain_generate, batch_speculative_generate
     from speclab.batch_cache import sliding_window
     from speclab.sampling import SamplingConfig
 
-    out: dict[str, Any] = {"sliding_window": outcome(lambda: [sliding_window(target), sliding_window(_sliding())])}
     prompts = [torch.tensor(p) for p in PROMPTS]
     hot = SamplingConfig(True, 1.2, top_p=0.95)
-    out["sliding_batch"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts, 4, k=2).tokens)
-    out["sliding_one_row"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts[:1], 12,
-                                                                        k=3).tokens)
+    out: dict[str, Any] = {}
     for d_name, make_d in _drafters(good, bad).items():
+        if d_name != part:
+            continue
         for p_name in ("fixed3", "cost_table_positions", "conditioned"):
             make_p = _policies()[p_name]
             for compact in (0.25, None):
@@ -256,6 +259,12 @@ def batch_cases(target, good, bad) -> dict:
                     return [r.tokens, r.prompt_lens, r.accepted, r.proposed, r.checked, _batch_iterations(r)]
                 out[f"greedy/{d_name}/{p_name}/{compact}"] = outcome(run)
                 out[f"sample/{d_name}/{p_name}/{compact}"] = outcome(lambda: run(hot))
+    if part != "misc":
+        return out
+    out["sliding_window"] = outcome(lambda: [sliding_window(target), sliding_window(_sliding())])
+    out["sliding_batch"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts, 4, k=2).tokens)
+    out["sliding_one_row"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts[:1], 12,
+                                                                        k=3).tokens)
     out["defaults"] = outcome(lambda: _batch_iterations(batch_speculative_generate(target, good, prompts, 10)))
     out["defaults_plain"] = outcome(lambda: batch_plain_generate(target, prompts, 6).tokens)
     out["no_merge"] = outcome(lambda: _batch_iterations(batch_speculative_generate(
@@ -459,10 +468,15 @@ def lookup_cases() -> dict:
     return out
 
 
+# Small sections (one drafter's generations each): a mutant fails the first one it changes, and mutmut runs
+# only the sections that reach its function.
+PARTS = ["one_row_lookup", "one_row_model", "model_good", "model_bad", "lookup", "lookup_2_2", "hybrid", "hybrid_min3",
+         "misc"]
 SECTIONS: dict[str, Callable[[], dict]] = {
-    "loop": lambda: loop_cases(*_models()), "batch": lambda: batch_cases(*_models()), "rules": rule_cases,
-    "sampling": sampling_cases, "cost": cost_cases, "stats": stats_cases, "policies": policy_cases,
-    "lookup": lookup_cases,
+    **{f"loop/{p}": (lambda p=p: loop_cases(*_models(), p)) for p in PARTS},
+    **{f"batch/{p}": (lambda p=p: batch_cases(*_models(), p)) for p in PARTS},
+    "rules": rule_cases, "sampling": sampling_cases, "cost": cost_cases, "stats": stats_cases,
+    "policies": policy_cases, "lookup": lookup_cases,
 }
 
 
