@@ -12,7 +12,6 @@ and say in the commit why the outputs moved. One torch thread: the record is exa
 """
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
@@ -52,16 +51,6 @@ def outcome(fn: Callable[[], Any]) -> Any:
         return f"{type(err).__name__}: {err}"
 
 
-def _perturbed(model: torch.nn.Module, sigma: float, seed: int) -> torch.nn.Module:
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.numel() > 1:
-                p.add_(torch.randn(p.shape, generator=g) * sigma * p.std())
-    return draft
-
-
 def _iterations(result) -> list:
     return [[s.k, s.accepted, s.bonus, s.new_tokens, s.length, s.draft_fed, s.draft_calls, s.target_fed,
              s.with_prompt, s.checked] for s in result.iterations]
@@ -74,9 +63,10 @@ def _batch_iterations(result) -> list:
 
 def _models():
     from speclab.models import tiny_random_model
+    from test_batch_greedy import perturbed_copy
 
     target = tiny_random_model(V, seed=5, logit_scale=3.0)
-    return target, _perturbed(target, 0.3, 1), _perturbed(target, 1.0, 2)
+    return target, perturbed_copy(target, 0.3, 1), perturbed_copy(target, 1.0, 2)
 
 
 def _sliding() -> torch.nn.Module:

@@ -5,8 +5,6 @@ tokens in one iteration (a row without a match proposes nothing next to a row co
 a row's cost-model policy follows its own acceptance): the ragged feeds must keep every row exact.
 Prompts have different lengths (1 to 14 tokens), and an EOS token ends rows at different times.
 """
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -17,6 +15,7 @@ from speclab.k_policy import ConditionedK, CostModelK
 from speclab.loop import plain_greedy, speculative_generate
 from speclab.models import tiny_random_model
 from speclab.time_model import CostTable
+from test_batch_greedy import perturbed_copy
 
 V = 64
 LENGTHS = (1, 6, 11, 3, 14, 2, 8, 5)
@@ -25,16 +24,6 @@ TABLE = CostTable({1: 0.3, 2: 0.35}, {k: 1.0 + 0.08 * k for k in range(1, 9)})
 FREE = CostTable({1: 0.0, 2: 0.0}, TABLE.verify)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _perturbed(model: torch.nn.Module, sigma: float = 0.15) -> torch.nn.Module:
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.numel() > 1:
-                p.add_(torch.randn(p.shape, generator=g) * sigma * p.std())
-    return draft
 
 
 # (drafter, policy) arms: a callable of the draft model each, so every run starts from fresh objects.
@@ -52,7 +41,7 @@ ARMS = {
 @pytest.fixture(scope="module")
 def setup():
     target = tiny_random_model(V, seed=0, num_layers=2)
-    draft = _perturbed(target)
+    draft = perturbed_copy(target)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, V, (n,), generator=g) for n in LENGTHS]
     plain = [plain_greedy(target, p[None], N_NEW).tokens for p in prompts]
