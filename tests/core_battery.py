@@ -56,6 +56,11 @@ def _iterations(result) -> list:
              s.with_prompt, s.checked] for s in result.iterations]
 
 
+def _sources(drafter) -> list:
+    """A hybrid's count of row-iterations each source proposed (reported by the pipeline)."""
+    return [getattr(drafter, "lookup_iterations", None), getattr(drafter, "model_iterations", None)]
+
+
 def _batch_iterations(result) -> list:
     return [[s.rows, s.k, s.accepted, s.checked, s.bonus_rows, s.new_tokens, num(s.masked_share),
              num(s.draft_masked_share), s.dummy_inputs, s.with_prompt] for s in result.iterations]
@@ -203,9 +208,10 @@ def loop_cases(target, good, bad, part: str) -> dict:
             for i, prompt in enumerate(PROMPTS[:2]):
                 def run(sampling=None, seed=0, **kw):
                     g = torch.Generator().manual_seed(seed) if sampling else None
-                    r = speculative_generate(target, make_d(), _ids(prompt), 14, k=make_p(),
+                    d = make_d()
+                    r = speculative_generate(target, d, _ids(prompt), 14, k=make_p(),
                                              sampling=sampling or SamplingConfig(), generator=g, **kw)
-                    return [r.tokens, r.prompt_len, _iterations(r)]
+                    return [r.tokens, r.prompt_len, _iterations(r), _sources(d)]
                 out[f"greedy/{d_name}/{p_name}/{i}"] = outcome(run)
                 out[f"sample/{d_name}/{p_name}/{i}"] = outcome(lambda: run(hot, seed=i))
     for i, prompt in enumerate(PROMPTS if part == "misc" else []):
@@ -243,10 +249,12 @@ def batch_cases(target, good, bad, part: str) -> dict:
             for compact in (0.25, None):
                 def run(sampling=None, **kw):
                     g = torch.Generator().manual_seed(7) if sampling else None
-                    r = batch_speculative_generate(target, make_d(), prompts, 12, k=make_p(),
+                    d = make_d()
+                    r = batch_speculative_generate(target, d, prompts, 12, k=make_p(),
                                                    sampling=sampling or SamplingConfig(), generator=g,
                                                    compact_at=compact, eos_token_id=[19], **kw)
-                    return [r.tokens, r.prompt_lens, r.accepted, r.proposed, r.checked, _batch_iterations(r)]
+                    return [r.tokens, r.prompt_lens, r.accepted, r.proposed, r.checked, _batch_iterations(r),
+                            _sources(d)]
                 out[f"greedy/{d_name}/{p_name}/{compact}"] = outcome(run)
                 out[f"sample/{d_name}/{p_name}/{compact}"] = outcome(lambda: run(hot))
     if part != "misc":
@@ -384,7 +392,8 @@ def stats_cases() -> dict:
                                                        300, level=0.2, sims=40, seed=3)])
     for i, values in enumerate([[1.2], [1.1, 1.1, 1.1], [0.9, 1.3, 1.1, np.nan, 1.6, 1.0], rng.lognormal(0, 0.3, 25),
                                 [1.0, 1.0, 1.0, 2.0], [2.0, 1.0, 1.0, 1.0], rng.lognormal(0, 1.0, 9),
-                                [0.5, 0.6, 3.0, 9.0, 0.55, 0.7, 12.0], [1.0, 1.4], rng.lognormal(0, 0.5, 40)]):
+                                [0.5, 0.6, 3.0, 9.0, 0.55, 0.7, 12.0], [1.0, 1.4], rng.lognormal(0, 0.5, 40),
+                                np.random.default_rng(99).normal(1.0, 0.2, 8)]):
         out[f"median_interval/{i}"] = outcome(lambda: S.median_interval(np.array(values)))
         out[f"median_interval90/{i}"] = outcome(lambda: S.median_interval(np.array(values), 0.9, 500, seed=4))
     out["median_interval_empty"] = outcome(lambda: S.median_interval(np.array([np.nan])))
@@ -452,6 +461,9 @@ def lookup_cases() -> dict:
             out[f"match/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_match(s, mx, mn))
             out[f"cont/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_continuation(s, 4, mx, mn))
         out[f"defaults/{i}"] = outcome(lambda: [D.lookup_hits(s), D.lookup_match(s), D.lookup_continuation(s, 3)])
+        out[f"hybrid_label/{i}"] = outcome(lambda: [D.HybridDrafter(None).label(s.view(1, -1), s.shape[0]),
+                                                    D.HybridDrafter(None, 3, 2).label(s.view(1, -1), s.shape[0]),
+                                                    D.HybridDrafter(None, 2, 1, 2).label(s.view(1, -1), s.shape[0])])
     out["bad_lookup"] = outcome(lambda: D.PromptLookupDrafter(1, 2))
     out["bad_lookup0"] = outcome(lambda: D.PromptLookupDrafter(0, 0))
     out["bad_hybrid"] = outcome(lambda: D.HybridDrafter(None, min_match=0))

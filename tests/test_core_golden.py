@@ -24,7 +24,7 @@ def test_core_outputs_are_the_recorded_ones(section):
 def test_the_record_covers_every_section_and_varied_outcomes():
     assert set(RECORDED) == set(SECTIONS)
     loop = [v for name, section in RECORDED.items() if name.startswith("loop/") for v in section.values()]
-    iterations = [it for v in loop if isinstance(v, list) and len(v) == 3 for it in v[2]]
+    iterations = [it for v in loop if isinstance(v, list) and len(v) == 4 for it in v[2]]
     assert any(0 < it[1] < it[0] for it in iterations)  # partial acceptance
     assert any(it[2] for it in iterations) and any(it[0] == 0 for it in iterations)  # bonus tokens, plain steps
     errors = [v for sec in RECORDED.values() for v in sec.values() if isinstance(v, str) and "Error: " in v]
