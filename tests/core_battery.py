@@ -455,12 +455,15 @@ def lookup_cases() -> dict:
     seqs.append(torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3]))
     seqs.append(torch.tensor([1, 2, 3, 4, 9, 9, 5, 2, 3, 4, 8, 7, 1, 2, 3, 4]))  # 4-gram and 3-gram matches differ
     seqs.append(torch.tensor([6, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]))
+    seqs += [torch.tensor([5, 5, 5, 5]), torch.tensor([2, 2, 2]), torch.tensor([4, 4])]  # the longest n-gram possible
     for i, s in enumerate(seqs):
         for mx, mn in [(3, 1), (2, 2), (4, 1), (1, 1)]:
             out[f"hits/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_hits(s, mx, mn))
             out[f"match/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_match(s, mx, mn))
             out[f"cont/{i}/{mx}/{mn}"] = outcome(lambda: D.lookup_continuation(s, 4, mx, mn))
         out[f"defaults/{i}"] = outcome(lambda: [D.lookup_hits(s), D.lookup_match(s), D.lookup_continuation(s, 3)])
+        out[f"lookup_label/{i}"] = outcome(lambda: [D.PromptLookupDrafter().label(s.view(1, -1), s.shape[0]),
+                                                    D.PromptLookupDrafter(4, 2).label(s.view(1, -1), s.shape[0])])
         out[f"hybrid_label/{i}"] = outcome(lambda: [D.HybridDrafter(None).label(s.view(1, -1), s.shape[0]),
                                                     D.HybridDrafter(None, 3, 2).label(s.view(1, -1), s.shape[0]),
                                                     D.HybridDrafter(None, 2, 1, 2).label(s.view(1, -1), s.shape[0])])
