@@ -111,6 +111,10 @@ def _policies() -> dict[str, Callable[[], Any]]:
         "cost_chapter": lambda: CostModelK(0.3, 1.1, k_min=1, k_max=6, decay=0.7),
         "cost_chapter_plain": lambda: CostModelK(0.35, 1.3, k_min=0, k_max=6, decay=0.6, probe_every=3),
         "cost_sure": lambda: CostModelK(0.3, 1.1, k_min=1, k_max=6, alpha0=1.0),
+        # Priced at the edge of paying: a certain prior pays by 0.03% at k = 1 (alpha 1) and not at alpha 0.999;
+        # a useless draft that costs nothing prices k = 1 at exactly 1.0 (plain is not better).
+        "cost_edge_sure": lambda: CostModelK(0.8995, 1.1, k_min=0, k_max=1, alpha0=1.0),
+        "cost_edge_even": lambda: CostModelK(0.0, 1.0, k_min=0, k_max=1, alpha0=0.0),
         "cost_jagged": lambda: CostModelK(0.25, {k: 1.0 + 0.1 * (k % 3) for k in range(1, 9)}, k_min=1, k_max=8),
         "cost_table_iid": lambda: CostModelK(0.3, k_max=8, table=table, estimator="iid"),
         "cost_table_positions": lambda: CostModelK(0.3, k_min=0, k_max=8, table=table, estimator="positions",
@@ -397,6 +401,17 @@ def stats_cases() -> dict:
         out[f"median_interval/{i}"] = outcome(lambda: S.median_interval(np.array(values)))
         out[f"median_interval90/{i}"] = outcome(lambda: S.median_interval(np.array(values), 0.9, 500, seed=4))
     out["median_interval_empty"] = outcome(lambda: S.median_interval(np.array([np.nan])))
+    # Pooling at its edges: kept bins tied at the bottom (which one takes the thin tail), a tail exactly at the
+    # minimum, every bin thin, two bins, a single observation.
+    tied = np.r_[np.full(10, 8.0), np.full(10, 0.3)][np.random.default_rng(0).permutation(20)]
+    c_tied = np.random.default_rng(1).multinomial(83, tied / tied.sum())
+    out["pool_tied"] = outcome(lambda: [S.pool_bins(c_tied, tied), S.chi_square(c_tied, tied).__dict__])
+    halves = np.array([0.5, 0.25, 0.125, 0.0625, 0.0625])
+    out["pool_at_minimum"] = outcome(lambda: S.pool_bins(np.array([30, 17, 9, 5, 3]), halves, 8.0))
+    out["pool_all_thin"] = outcome(lambda: [S.pool_bins(np.array([1, 2, 1]), np.ones(3) / 3),
+                                            S.chi_square(np.array([1, 2, 1]), np.ones(3) / 3).__dict__])
+    out["chi_two_bins"] = outcome(lambda: S.chi_square(np.array([30, 70]), np.array([0.5, 0.5])).__dict__)
+    out["chi_one_observation"] = outcome(lambda: S.chi_square(np.array([1, 0, 0]), np.ones(3) / 3).__dict__)
     out["bad_zero"] = outcome(lambda: S.chi_square(np.zeros(3), np.ones(3) / 3))
     out["bad_shape"] = outcome(lambda: S.chi_square(np.ones(3), np.ones(4) / 4))
     return out
@@ -430,7 +445,8 @@ def policy_cases() -> dict:
                dict(k_start=2, k_min=2), dict(k_start=5, k_max=5), dict(k_start=1, k_min=1, k_max=1)]:
         out[f"heuristic_bad/{sorted(kw.items())}"] = outcome(lambda: HeuristicK(**kw).k)
     for kw in [dict(estimator="x"), dict(decay=1.0), dict(decay=-0.1), dict(k_min=3, k_max=2), dict(c_draft=-1.0),
-               dict(probe_every=0), dict(k_min=-1)]:
+               dict(probe_every=0), dict(k_min=-1), dict(k_max=0), dict(k_max=2.5), dict(decay=0.0),
+               dict(k_min=3, k_max=3)]:
         out[f"cost_bad/{sorted(kw.items())}"] = outcome(lambda: CostModelK(**{"c_draft": 0.3, **kw}).k)
     return out
 
