@@ -2,6 +2,7 @@
 
     .venv/bin/python mutation/recheck.py                      # tests/test_core_golden.py against every survivor
     .venv/bin/python mutation/recheck.py tests/test_stats.py  # other tests
+    .venv/bin/python mutation/recheck.py --open               # only survivors not argued equivalent
 
 A survivor passed every test that reached it in the run; it is killed now if one of the given tests (copied
 afresh into ``mutants/tests``) fails with it switched on (mutmut's ``MUTANT_UNDER_TEST``), and then recorded as
@@ -39,14 +40,24 @@ def killed_by(name: str, tests: list[str]) -> bool:
     return r.returncode not in (0, 5)
 
 
+def argued_equivalent() -> set[str]:
+    import yaml
+
+    path = ROOT / "mutation" / "equivalent.yaml"
+    return set(yaml.safe_load(path.read_text()) or {}) if path.exists() else set()
+
+
 def main(argv: list[str]) -> int:
-    tests = argv or ["tests/test_core_golden.py"]
+    only_open = "--open" in argv
+    tests = [a for a in argv if a != "--open"] or ["tests/test_core_golden.py"]
     if not MUTANTS.is_dir():
         print("no mutants/ folder: run `make mutation` first", file=sys.stderr)
         return 2
     shutil.copytree(ROOT / "tests", MUTANTS / "tests", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     todo = survivors()
+    if only_open:
+        todo = {n: m for n, m in todo.items() if n not in argued_equivalent()}
     with ThreadPoolExecutor(max_workers=2) as pool:
         verdicts = dict(zip(todo, pool.map(lambda n: killed_by(n, tests), todo)))
     for meta in {m for m in todo.values()}:
