@@ -25,11 +25,21 @@ ROOT = Path(__file__).resolve().parent.parent
 CAUGHT = {"killed", "timeout", "segfault", "caught by type check"}
 
 
+def mutated_files() -> set[str]:
+    """The files pyproject.toml's [tool.mutmut] only_mutate names (a mutants/ folder may hold older files' results)."""
+    import tomllib
+
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"])
+
+
 def verdicts(mutants: Path) -> dict[str, str]:
     from mutmut.stats import status_by_exit_code
 
     out = {}
+    files = mutated_files()
     for meta in sorted(mutants.rglob("*.py.meta")):
+        if str(meta.relative_to(mutants)).removesuffix(".meta") not in files:
+            continue
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
             out[name] = status_by_exit_code[code]
     return out

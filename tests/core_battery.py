@@ -218,6 +218,11 @@ def loop_cases(target, good, bad, part: str) -> dict:
                     return [r.tokens, r.prompt_len, _iterations(r), _sources(d)]
                 out[f"greedy/{d_name}/{p_name}/{i}"] = outcome(run)
                 out[f"sample/{d_name}/{p_name}/{i}"] = outcome(lambda: run(hot, seed=i))
+    if part == "misc":
+        for j, bad in enumerate([[[3, 9, 4]], torch.tensor([3, 9, 4]), torch.zeros((1, 0), dtype=torch.long),
+                                 torch.tensor([[1, 2], [3, 4]]), "3 9 4"]):
+            out[f"bad_prompt/{j}"] = outcome(lambda: speculative_generate(target, good, bad, 4).tokens)
+            out[f"bad_plain_prompt/{j}"] = outcome(lambda: plain_generate(target, bad, 4).tokens)
     for i, prompt in enumerate(PROMPTS if part == "misc" else []):
         out[f"defaults/{i}"] = outcome(lambda: _iterations(speculative_generate(target, good, _ids(prompt), 11)))
         out[f"greedy_eos/{i}"] = outcome(lambda: _iterations(speculative_generate(
@@ -267,6 +272,12 @@ def batch_cases(target, good, bad, part: str) -> dict:
     out["sliding_batch"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts, 4, k=2).tokens)
     out["sliding_one_row"] = outcome(lambda: batch_speculative_generate(_sliding(), _sliding(), prompts[:1], 12,
                                                                         k=3).tokens)
+    for j, bad in enumerate([[], (), prompts[0], [prompts[0], [1, 2]], [prompts[0], torch.zeros(0, dtype=torch.long)],
+                             [torch.tensor([[1, 2], [3, 4]])], [prompts[0], torch.tensor([1, 2], device="meta")]]):
+        out[f"bad_prompts/{j}"] = outcome(lambda: batch_speculative_generate(target, good, bad, 4).tokens)
+        out[f"bad_plain_prompts/{j}"] = outcome(lambda: batch_plain_generate(target, bad, 4).tokens)
+    out["prompt_forms"] = outcome(lambda: batch_speculative_generate(target, good, (prompts[0].view(1, -1), prompts[1]),
+                                                                     5).tokens)
     out["defaults"] = outcome(lambda: _batch_iterations(batch_speculative_generate(target, good, prompts, 10)))
     out["defaults_plain"] = outcome(lambda: batch_plain_generate(target, prompts, 6).tokens)
     out["no_merge"] = outcome(lambda: _batch_iterations(batch_speculative_generate(
@@ -298,6 +309,13 @@ def rule_cases() -> dict:
     props[1, 0] = (props[1, 0] + 1) % 9
     out["batch_greedy"] = outcome(lambda: A.batch_accept_greedy(props, logits))
     out["batch_greedy_counts"] = outcome(lambda: A.batch_accept_greedy(props, logits, torch.tensor([4, 2, 0])))
+    # Placement: on the meta device the rules get as far as reading a number back; a tensor made on the CPU
+    # instead of the inputs' device fails earlier, with another error (the CPU-only stand-in for a GPU).
+    meta = torch.device("meta")
+    pm, qm = torch.softmax(torch.randn(3, 9, generator=g), -1).to(meta), torch.softmax(torch.randn(2, 9, generator=g),
+                                                                                        -1).to(meta)
+    out["placement"] = outcome(lambda: A.accept_sample(torch.tensor([1, 2]).to(meta), pm, qm))
+    out["placement_first_token"] = outcome(lambda: A.first_token_draws(pm[0], qm[0], 10, "correct"))
     p, q = torch.softmax(torch.randn(9, generator=g), -1), torch.softmax(torch.randn(9, generator=g), -1)
     out["residual"] = outcome(lambda: A.residual(p, q))
     out["residual_equal"] = outcome(lambda: A.residual(p, p))
