@@ -3,11 +3,14 @@
     .venv/bin/python mutation/recheck.py                      # tests/test_core_golden.py against every survivor
     .venv/bin/python mutation/recheck.py tests/test_stats.py  # other tests
     .venv/bin/python mutation/recheck.py --open               # only survivors not argued equivalent
+    .venv/bin/python mutation/recheck.py --unchecked          # mutants a stopped run did not reach
 
 A survivor passed every test that reached it in the run; it is killed now if one of the given tests (copied
 afresh into ``mutants/tests``) fails with it switched on (mutmut's ``MUTANT_UNDER_TEST``), and then recorded as
 killed in mutmut's results, so ``mutation/score.py`` and ``mutmut results`` count it. Sound because tests only
 get added: a mutant survives iff all tests pass. ``make mutation`` (a full run) reproduces the verdicts.
+``--unchecked`` checks the mutants a stopped run never reached with the given tests only: a failure is a kill,
+a pass is recorded as a survivor (conservative: the run's other tests might have killed it).
 """
 from __future__ import annotations
 
@@ -24,11 +27,11 @@ MUTANTS = ROOT / "mutants"
 SURVIVED = {0, 5, 33}  # survived, or no test reached it
 
 
-def survivors() -> dict[str, Path]:
+def survivors(codes: set) -> dict[str, Path]:
     out = {}
     for meta in sorted(MUTANTS.rglob("*.py.meta")):
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            if code in SURVIVED:
+            if code in codes:
                 out[name] = meta
     return out
 
@@ -48,14 +51,14 @@ def argued_equivalent() -> set[str]:
 
 
 def main(argv: list[str]) -> int:
-    only_open = "--open" in argv
-    tests = [a for a in argv if a != "--open"] or ["tests/test_core_golden.py"]
+    only_open, unchecked = "--open" in argv, "--unchecked" in argv
+    tests = [a for a in argv if not a.startswith("--")] or ["tests/test_core_golden.py"]
     if not MUTANTS.is_dir():
         print("no mutants/ folder: run `make mutation` first", file=sys.stderr)
         return 2
     shutil.copytree(ROOT / "tests", MUTANTS / "tests", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    todo = survivors()
+    todo = survivors({None} if unchecked else SURVIVED)
     if only_open:
         todo = {n: m for n, m in todo.items() if n not in argued_equivalent()}
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -63,10 +66,11 @@ def main(argv: list[str]) -> int:
     for meta in {m for m in todo.values()}:
         data = json.loads(meta.read_text())
         for name, killed in verdicts.items():
-            if killed and todo[name] == meta:
-                data["exit_code_by_key"][name] = 1
+            if todo[name] == meta and (killed or unchecked):
+                data["exit_code_by_key"][name] = 1 if killed else 0
         meta.write_text(json.dumps(data, indent=4))
-    print(f"{sum(verdicts.values())} of {len(todo)} survivors killed by {' '.join(tests)}")
+    print(f"{sum(verdicts.values())} of {len(todo)} {'unchecked mutants' if unchecked else 'survivors'} killed by "
+          f"{' '.join(tests)}")
     return 0
 
 
