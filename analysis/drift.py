@@ -21,15 +21,16 @@ from analysis.tracking import Tracking, first_line, quick_http, tracking_setting
 JOB_KEYS = ["pair", "config_hash"]
 UNCHECKED = "unchecked"
 # pipeline/trust.py's checks whose failure makes a job's numbers wrong, not only less sure: those jobs are flagged
-# (and left out of the fits). A loaded machine harms a job through drift, which is checked; too few runs only
-# widen an interval, which pooling jobs narrows: both stay visible in the trust column without a flag.
-EXCLUDING = ("drift", "placement")
+# (and left out of the fits). Drift is judged here from the same before/after times at the analysis's own limit
+# (drift.max_ratio); a loaded machine harms a job through drift; too few runs only widen an interval, which pooling
+# jobs narrows: those stay visible in the trust column without a flag of their own.
+EXCLUDING = ("placement",)
 
 
 def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
     """One row per speed job: before/after step times, the larger of their ratios, the job's own ``trust``
     verdict (``ok``, the failed checks, or ``unchecked`` for files written before the checks), and the flag:
-    drift above ``max_ratio``, or a failed job-time drift or placement check (``EXCLUDING``).
+    drift above ``max_ratio``, or a failed job-time placement check (``EXCLUDING``).
 
     ``drift_ratio`` = max over target and draft of max(after/before, before/after) step time: the
     definition of the speed stage's MLflow metric ``drift_ratio`` as well.
@@ -154,7 +155,7 @@ def main() -> None:
     tagged = tag_mlflow(drift, tracking_settings(params), campaign) if cfg.get("tag_mlflow", True) else 0
     untrusted = int(drift.trust.str.split(",").map(lambda checks: bool(set(checks) & set(EXCLUDING))).sum())
     print(f"analysis.drift: {int(drift.flagged.sum())} of {len(drift)} speed jobs flagged (drift above "
-          f"x{cfg['max_ratio']}, or {untrusted} with a failed job-time drift or placement check); "
+          f"x{cfg['max_ratio']}, or {untrusted} with a failed job-time placement check); "
           f"{tagged} MLflow runs tagged")
 
 
