@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import platform
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -23,25 +24,48 @@ def holder_line() -> str:
     return f"pid {os.getpid()} on {platform.node()}"
 
 
+HOLDER_WRITE_S = 2.0  # a holder writes its line right after it takes the lock; a waiter allows it this long
+
+
+def _try_lock(fd: int, wait_s: float = 0.0) -> bool:
+    """Take the lock if it is free; while it is held and its file is empty (a holder that has just taken it
+    has not written its line yet), retry for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline or _holder(fd):
+                return False
+            time.sleep(0.02)
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 200, 0).decode(errors="replace").strip()
+
+
 @contextmanager
 def file_lock(path: str | Path, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (created if missing) for the block, waiting for it if it is held.
 
-    ``on_wait(holder)`` is called once before waiting, with the holder's line (empty if not yet written).
+    ``on_wait(holder)`` is called once before waiting, with the holder's line (empty if the holder
+    has not written it within ``HOLDER_WRITE_S``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_lock(fd, wait_s=HOLDER_WRITE_S):
             if on_wait is not None:
-                on_wait(os.pread(fd, 200, 0).decode(errors="replace").strip())
+                on_wait(_holder(fd))
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
         os.pwrite(fd, (holder_line() + "\n").encode(), 0)
-        yield
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # a waiter never reads the line of a holder that has let go
     finally:
         os.close(fd)  # releases the lock
 

@@ -118,3 +118,32 @@ def test_a_new_sqlite_store_is_created_once(tmp_path, jobs):
     assert all(p.returncode == 0 for p in procs), results
     ids = [out.strip() for out, _ in results]
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), results
+
+
+def test_a_waiter_names_a_holder_that_writes_its_line_just_after_taking_the_lock(tmp_path):
+    import fcntl
+    import threading
+
+    from store.locks import file_lock
+
+    lock = tmp_path / "x.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # taken, its line not yet written
+    seen: list[str] = []
+    waiter = threading.Thread(target=lambda: file_lock(lock, seen.append).__enter__())
+    waiter.start()
+    time.sleep(0.3)
+    os.pwrite(fd, b"pid 1 on elsewhere\n", 0)
+    time.sleep(0.3)
+    os.close(fd)
+    waiter.join(timeout=10)
+    assert seen == ["pid 1 on elsewhere"]
+
+
+def test_a_released_lock_leaves_no_holder_line(tmp_path):
+    from store.locks import file_lock
+
+    lock = tmp_path / "x.lock"
+    with file_lock(lock):
+        assert lock.read_text().startswith(f"pid {os.getpid()} on ")
+    assert lock.read_text() == ""
