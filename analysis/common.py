@@ -15,12 +15,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from pandas.api.types import is_bool_dtype, is_numeric_dtype  # noqa: E402
-from scipy import stats  # noqa: E402
 
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
 from analysis.palette import kind_color  # noqa: E402
 from store import layout  # noqa: E402
 from store.compat import with_defaults  # noqa: E402
+from speclab.stats import bootstrap_interval  # noqa: E402
 from store.files import atomic_write  # noqa: E402
 
 
@@ -80,20 +80,9 @@ def bootstrap_settings(params: dict) -> dict:
 
 def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: int = 0,
                  level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``stat`` (``scipy.stats.bootstrap``; fixed seed: same data, same interval).
-
-    ``stat`` must take an ``axis`` argument (``np.median``, ``np.mean``): the resamples are computed at once.
-    """
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    if len(values) == 0:
-        return float("nan"), float("nan")
-    if len(values) == 1 or np.all(values == values[0]):  # every resample is the same: no spread to estimate
-        v = float(stat(values))
-        return v, v
-    res = stats.bootstrap((values,), stat, n_resamples=samples, confidence_level=level, method="percentile",
-                          rng=np.random.default_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    """Percentile bootstrap interval of ``stat`` (``speclab.stats.bootstrap_interval``: the interval a job
+    logs as ``speedup_lo``/``speedup_hi`` is the one the analysis reports)."""
+    return bootstrap_interval(values, stat, level, samples, seed)
 
 
 def read_table(analysis_dir: str | Path, name: str) -> pd.DataFrame:

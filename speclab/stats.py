@@ -1,7 +1,9 @@
 """Goodness-of-fit of sampled counts against a known distribution."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -77,17 +79,24 @@ def chi_square_power(true_probs: np.ndarray, null_probs: np.ndarray, n: int, lev
     return rejected / sims
 
 
-def median_interval(values: np.ndarray, level: float = 0.95, samples: int = 2000,
-                    seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the median (``scipy.stats.bootstrap``, fixed seed: same data, same
-    interval), as the analysis computes it (analysis.common.bootstrap_ci with np.median); NaNs are dropped."""
+def bootstrap_interval(values: np.ndarray, stat: Callable[..., Any] = np.median, level: float = 0.95,
+                       samples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``stat`` (``scipy.stats.bootstrap``, fixed seed: same data, same
+    interval); NaNs are dropped. ``stat`` takes an ``axis`` argument (``np.median``, ``np.mean``): the
+    resamples are computed at once."""
     values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
     if len(values) == 0:
         return float("nan"), float("nan")
-    if len(values) == 1 or np.all(values == values[0]):  # every resample is the same
-        v = float(np.median(values))
+    if len(values) == 1 or np.all(values == values[0]):  # every resample is the same: no spread to estimate
+        v = float(stat(values))
         return v, v
-    res = stats.bootstrap((values,), np.median, n_resamples=samples, confidence_level=level, method="percentile",
+    res = stats.bootstrap((values,), stat, n_resamples=samples, confidence_level=level, method="percentile",
                           rng=np.random.default_rng(seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def median_interval(values: np.ndarray, level: float = 0.95, samples: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of the median, as the analysis reports every speed-up."""
+    return bootstrap_interval(values, np.median, level, samples, seed)
