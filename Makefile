@@ -58,7 +58,7 @@ test-cluster: setup
 publish: setup
 	$(BIN)/python -m analysis.publish
 
-# Mutation testing of the core (mutation/README.md): mutmut mutates speclab's loop, step, acceptance rules, sampling,
+# Mutation testing of the core (mutation/README.md): mutmut mutates speclab's loop, acceptance rules, sampling,
 # batched loop and its cache, drafters, k policies, cost model and statistics, runs the tests that reach each mutant,
 # and mutation/score.py writes the score and every survivor to outputs/mutation/ (exit 1 below 95%).
 mutation: $(VENV)/.mutation-installed
