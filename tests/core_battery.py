@@ -419,6 +419,12 @@ def stats_cases() -> dict:
         out[f"median_interval/{i}"] = outcome(lambda: S.median_interval(np.array(values)))
         out[f"median_interval90/{i}"] = outcome(lambda: S.median_interval(np.array(values), 0.9, 500, seed=4))
     out["median_interval_empty"] = outcome(lambda: S.median_interval(np.array([np.nan])))
+    # Where the resample count moves an end of the interval (the bootstrap medians of small samples tie, so a
+    # different count often gives the same ends), and the defaults of the general interval.
+    resampled = np.random.default_rng(1).lognormal(0, 0.3, 101)
+    out["median_interval_resamples"] = outcome(lambda: S.median_interval(resampled))
+    out["bootstrap_interval_defaults"] = outcome(lambda: [S.bootstrap_interval(resampled),
+                                                          S.bootstrap_interval(resampled, np.mean)])
     # Pooling at its edges: kept bins tied at the bottom (which one takes the thin tail), a tail exactly at the
     # minimum, every bin thin, two bins, a single observation.
     tied = np.r_[np.full(10, 8.0), np.full(10, 0.3)][np.random.default_rng(0).permutation(20)]
