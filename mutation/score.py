@@ -66,6 +66,7 @@ def file_of(name: str) -> str:
 
 def score(mutants: Path, equivalent: dict, minimum: float, checked_only: bool = False) -> tuple[dict, str]:
     status = verdicts(mutants)
+    not_checked = len(status) - len(partial(status))
     if checked_only:
         status = partial(status)
     rows, survivors, stale = [], [], []
@@ -94,6 +95,7 @@ def score(mutants: Path, equivalent: dict, minimum: float, checked_only: bool = 
         "score": round(total["caught"] / considered, 4) if considered else float("nan"), "minimum": minimum,
         "by_status": dict(total), "by_file": {f: dict(c) for f, c in sorted(by_file.items())},
         "stale_equivalence_entries": stale,
+        "not_checked": not_checked, "counted_not_checked": not checked_only,
     }
     return result, render(result, survivors)
 
@@ -105,6 +107,10 @@ def render(result: dict, survivors: list) -> str:
              f"{result['generated']} mutants of the core (mutmut); {result['caught']} caught (killed or timed out), "
              f"{result['equivalent']} argued equivalent in mutation/equivalent.yaml, "
              f"{result['output_changing_survivors']} output-changing survivors. Rerun: `make mutation`.", ""]
+    if result["not_checked"]:
+        how = ("counted as survivors" if result["counted_not_checked"] else
+               "left out of the score (`--checked-only`: the run was stopped before it reached them)")
+        lines += [f"{result['not_checked']} mutants were not checked by the run: {how}.", ""]
     open_ones = [s for s in survivors if s[3] is None]
     lines += [f"## Output-changing survivors ({len(open_ones)})", ""]
     for name, st, change, _ in open_ones:
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "survivors.md").write_text(text + "\n")
     print(f"mutation score {result['score']:.1%}: {result['caught']} caught of {result['generated']} mutants, "
           f"{result['equivalent']} equivalent, {result['output_changing_survivors']} output-changing survivors "
-          f"(outputs/mutation/score.json, survivors.md)")
+          f"({a.out / 'score.json'}, survivors.md)")
     return 0 if result["score"] >= a.minimum else 1
 
 
