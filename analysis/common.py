@@ -18,9 +18,9 @@ from pandas.api.types import is_bool_dtype, is_numeric_dtype  # noqa: E402
 
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
 from analysis.palette import kind_color  # noqa: E402
+from speclab.stats import bootstrap_interval  # noqa: E402
 from store import layout  # noqa: E402
 from store.compat import with_defaults  # noqa: E402
-from speclab.stats import bootstrap_interval  # noqa: E402
 from store.files import atomic_write  # noqa: E402
 
 

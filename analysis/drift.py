@@ -27,6 +27,11 @@ UNCHECKED = "unchecked"
 EXCLUDING = ("placement",)
 
 
+def failed_excluding(trust: pd.Series) -> pd.Series:
+    """Whether each job's ``trust`` verdict (comma-separated failed checks) names a check in ``EXCLUDING``."""
+    return trust.fillna(UNCHECKED).str.split(",").map(lambda checks: bool(set(checks) & set(EXCLUDING)))
+
+
 def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
     """One row per speed job: before/after step times, the larger of their ratios, the job's own ``trust``
     verdict (``ok``, the failed checks, or ``unchecked`` for files written before the checks), and the flag:
@@ -51,8 +56,7 @@ def drift_table(speed: pd.DataFrame, max_ratio: float) -> pd.DataFrame:
     jobs["target_ratio"] = worst(jobs.target_step_after_s, jobs.target_step_before_s)
     jobs["draft_ratio"] = worst(jobs.draft_step_after_s, jobs.draft_step_before_s)
     jobs["drift_ratio"] = np.maximum(jobs.target_ratio, jobs.draft_ratio)
-    failed = jobs.trust.fillna(UNCHECKED).str.split(",")
-    jobs["flagged"] = (jobs.drift_ratio > max_ratio) | failed.map(lambda checks: bool(set(checks) & set(EXCLUDING)))
+    jobs["flagged"] = (jobs.drift_ratio > max_ratio) | failed_excluding(jobs.trust)
     return jobs
 
 
@@ -153,7 +157,7 @@ def main() -> None:
     save_table(drift, out / "drift.parquet")
     save_figure(figure, figs / "drift.png")
     tagged = tag_mlflow(drift, tracking_settings(params), campaign) if cfg.get("tag_mlflow", True) else 0
-    untrusted = int(drift.trust.str.split(",").map(lambda checks: bool(set(checks) & set(EXCLUDING))).sum())
+    untrusted = int(failed_excluding(drift.trust).sum())
     print(f"analysis.drift: {int(drift.flagged.sum())} of {len(drift)} speed jobs flagged (drift above "
           f"x{cfg['max_ratio']}, or {untrusted} with a failed job-time placement check); "
           f"{tagged} MLflow runs tagged")

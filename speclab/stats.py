@@ -98,5 +98,5 @@ def bootstrap_interval(values: np.ndarray, stat: Callable[..., Any] = np.median,
 
 def median_interval(values: np.ndarray, level: float = 0.95, samples: int = 2000,
                     seed: int = 0) -> tuple[float, float]:
-    """The 95% percentile bootstrap interval of the median, as the analysis reports every speed-up."""
+    """Percentile bootstrap interval of the median (95% by default), as the analysis reports every speed-up."""
     return bootstrap_interval(values, np.median, level, samples, seed)
