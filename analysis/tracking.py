@@ -5,8 +5,8 @@ record, and nothing written here is a DVC output. Settings come from params.yaml
 
     mlflow:
       enabled: true                    # false: never contact the store
-      tracking_uri: sqlite:///mlflow.db
-      experiment: speclab
+      tracking_uri: ...                # optional: the pipeline's store (store/shared_defaults.py) without it
+      experiment: ...                  # optional, likewise
 
 An http(s) store is probed with a 3-second socket connection before any MLflow call, and MLflow's
 own HTTP retries are switched off while the analysis talks to it, so an unreachable server costs
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from store.mlflow_probe import first_line, unreachable  # noqa: F401 - the analysis's own names
 from store.mlflow_probe import quick_http as _quick_http
+from store.shared_defaults import EXPERIMENT, TRACKING_URI
 
 # Logging figures and tables takes longer than a probe: a longer timeout, still no retry loop.
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -36,7 +37,7 @@ class Tracking:
 
 
 def tracking_settings(params: dict) -> Tracking:
-    """params.yaml's ``mlflow:`` section (defaults: enabled, sqlite:///mlflow.db, experiment speclab)."""
+    """params.yaml's ``mlflow:`` section (defaults: enabled, and the pipeline's store and experiment)."""
     cfg = params.get("mlflow") or {}
-    return Tracking(enabled=bool(cfg.get("enabled", True)), uri=str(cfg.get("tracking_uri", "sqlite:///mlflow.db")),
-                    experiment=str(cfg.get("experiment", "speclab")))
+    return Tracking(enabled=bool(cfg.get("enabled", True)), uri=str(cfg.get("tracking_uri", TRACKING_URI)),
+                    experiment=str(cfg.get("experiment", EXPERIMENT)))

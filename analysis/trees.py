@@ -25,7 +25,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
                              run_script, save_figure, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
-from pipeline.trees import is_tree, parse_tree
+from speclab.tree_specs import is_tree, parse_tree
 from speclab.tree_time import CostCurve, parse_counts, predicted_speedup
 from store.files import atomic_write_text
 

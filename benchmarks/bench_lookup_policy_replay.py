@@ -28,7 +28,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from benchmarks.common import add_pair_arguments, greedy_continuations  # noqa: E402
 from pipeline.config_schema import register  # noqa: E402
 from store.records import write_parquet  # noqa: E402
-from pipeline.planning import calibrate  # noqa: E402
+from speclab.planning import calibrate  # noqa: E402
 from pipeline.strategies import policy_spec  # noqa: E402
 from speclab.drafters import PromptLookupDrafter  # noqa: E402
 from speclab.k_policy import FixedK, KPolicy  # noqa: E402

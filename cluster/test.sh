@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test-cluster: the README's "Running on a cluster", step by step, on a throwaway single-node cluster.
+# make test-cluster: the steps of docs/cluster.md, one by one, on a throwaway single-node cluster.
 # Starts munge, SLURM, PostgreSQL and an MLflow server (cluster/up.sh, installing what is missing), runs a 4-job
 # sweep of the tiny pair as one SLURM job array, cancels one job mid-run, reruns the same command (only that job
 # runs again), checks every Parquet file and MLflow run (cluster/check.py), and tears everything down.
@@ -14,7 +14,7 @@ cluster/up.sh "$STATE" || exit 1
 source "$STATE/env.sh"
 echo "cluster test: services up in $(( $(date +%s) - t0 )) s"
 
-# The sweep (README): 4 jobs, one SLURM array; two of them long enough to be cancelled while they run.
+# The sweep (docs/cluster.md, step 3): 4 jobs, one SLURM array; two of them long enough to be cancelled while they run.
 sweep() {
   .venv/bin/python -m pipeline.run -m +launcher=slurm_cpu pair=tiny_random prompts=smoke stage=speed \
     'stage.ks=[1,2]' k=1,2 stage.rounds=1,40 max_new_tokens=8 campaign=cluster \

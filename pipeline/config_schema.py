@@ -1,68 +1,103 @@
-"""The typed config schema: dataclasses registered with Hydra's ConfigStore, plus range checks.
+"""The typed config schema: dataclasses registered with Hydra's ConfigStore. Each config key has one home, its field.
 
-Types are checked by Hydra while it composes the config (``max_new_tokens=abc`` never reaches
-the code; ``sampling.do_sample=no`` is the boolean false, not the truthy string 'no'). Ranges and
-choices are checked by :func:`check_config` before any model loads. Each field mirrors a key of the
-YAML files in conf/ exactly: adding a key would change every job's config hash (``_target_`` keys
-excepted: they name the class that builds an option, not what a job measures).
+A field declared with ``setting`` (pipeline/settings.py) holds the key's type, default, allowed range (the words
+after ``use`` in its one-line error) and, for a key added after results were stored, its hash-neutral value;
+``CHECKS`` and ``HASH_NEUTRAL`` are walked out of these fields. Types are checked by Hydra while it composes
+(``max_new_tokens=abc`` never reaches the code); ranges by :func:`check_config` before any model loads. The
+YAML files in conf/ hold only what differs from these defaults (tests/test_settings_home.py).
 
-Groups whose options differ in shape (stage, drafter, k_policy) take their schema from a defaults
-entry in each option's YAML (``- /schema/stage/speed@_here_``); a user's own option file may do the same.
+Adding a stage option is one edit and its test: a field on the stage's schema class below,
+``name: type = setting(default, check=..., doc="...")``, with ``neutral=`` the value that measures what jobs
+measured before it existed (or every stored job's config hash changes; ``neutral_for=`` to restrict that to
+some stage names). A key several stage schemas share (they flatten into one ``stage.`` namespace) is declared
+once and restated elsewhere with ``same_as(Owner, "name", default)``; two schemas declaring one key
+differently fail at import. Set a non-default value in conf/stage/<option>.yaml only where that option
+differs. The test: the check's error in tests/test_bad_input_table.py and the option's effect in its stage's
+test; tests/test_migration.py then proves every published hash unchanged.
+
+Groups whose options differ in shape (stage, drafter, k_policy) take their schema from a defaults entry in each
+option's YAML (``- /schema/stage/speed@_here_``); a user's own option file may do the same.
 """
 from __future__ import annotations
 
 import difflib
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from pipeline.trees import EXAMPLES, parse_tree
+from pipeline.settings import arm_hashed, checks, neutral_table, same_as, setting
+from pipeline.value_checks import (Check, int_at_least, int_in, ints_at_least, matches, nonblank, number_in, one_of,
+                                   positive_or_null, subset_of, unset_or, worded)
+from speclab.arms import ENTRY_METHODS, OWN, ArmEntry, entry
 from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from speclab.planning import recommend
 from speclab.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, default_of
+from speclab.tree_specs import EXAMPLES, parse_tree
 from store.layout import NAME  # a campaign or pair name
+from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 
 class ConfigError(ValueError):
     """A config value outside what is allowed; its message is one line naming key, value and the allowed."""
 
 
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # more only costs memory (threads=100000 ran out of it)
+MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; stages add small offsets to the seed
+NAME_WORDS = "a name of letters, digits, '_', '.', '-'"
+
+
 @dataclass
 class MlflowConf:
-    enabled: bool = True
-    tracking_uri: str = "sqlite:///mlflow.db"
-    experiment: str = "speclab"
+    enabled: bool = setting(True, doc="false: no MLflow run (the Parquet files are the record either way)")
+    tracking_uri: str = setting(TRACKING_URI, nonblank(f"a tracking URI such as {TRACKING_URI}"),
+                                doc="relative to the directory you run from (the repo root)")
+    experiment: str = setting(EXPERIMENT, nonblank("a non-empty experiment name"))
 
 
 @dataclass
 class PairConf:
-    name: str = MISSING
-    target: str = MISSING
-    draft: str = MISSING
-    dtype: str = "float32"
-    draft_dtype: str = ""   # a draft model loaded by name: float32, bfloat16, float16 or int8; empty: dtype
+    name: str = setting(MISSING, matches(NAME, NAME_WORDS))
+    target: str = setting(MISSING, nonblank("a model name, Hugging Face id or local folder"))
+    draft: str = setting(MISSING, nonblank("a draft variant, model name, Hugging Face id or folder"))
+    dtype: str = setting("float32", one_of("float32", "bfloat16", "float16"))
+    draft_dtype: str = setting("", one_of("", "float32", "bfloat16", "float16", "int8"), neutral="",
+                               doc="a draft model loaded by name: float32, bfloat16, float16 or int8; empty: dtype")
 
 
 @dataclass
 class PromptsConf:
-    file: str = "default.yaml"
-    kinds: list[str] = field(default_factory=lambda: ["prose", "code", "structured"])
-    per_kind: int = 0
-    skip_per_kind: int = 0
-    chat_template: str = "auto"  # auto | on | off (pipeline/chat.py); auto leaves the YAML texts raw
+    file: str = setting("default.yaml", nonblank("a prompt file name or path"),
+                        doc="a file of pipeline/prompts/ (YAML or Spec-Bench JSONL), or a path")
+    kinds: list[str] = setting(["prose", "code", "structured"],
+                               ((lambda v: isinstance(v, (list, ListConfig)) and len(v) > 0
+                                 and all(str(x).strip() for x in v)),
+                                "a non-empty list of prompt kinds, e.g. [prose,code]"), doc="which kinds to run")
+    per_kind: int = setting(0, worded(int_at_least(0), "an integer >= 0 (0: every prompt of each kind)"),
+                            doc="0: every prompt of each kind; n: the first n of each kind")
+    skip_per_kind: int = setting(
+        0, worded(int_at_least(0), "an integer >= 0 (prompts of each kind to leave out first)"), neutral=0,
+        doc="leave out the first n of each kind (the planner's sample), then per_kind")
+    chat_template: str = setting(
+        "auto", worded(one_of("auto", "on", "off"),
+                       "one of ['auto', 'on', 'off'] (in a YAML file quote on and off: YAML reads them as booleans)"),
+        neutral="auto",  # auto runs the YAML sets raw, as every stored result was; JSONL workloads are newer
+        doc="auto: JSONL questions through the tokenizer's chat template where it has one, YAML texts (beginnings "
+            "to continue) raw; on | off: every prompt (pipeline/chat.py)")
 
 
 @dataclass
 class SamplingConf:
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    do_sample: bool = setting(False, doc="false: greedy decoding")
+    temperature: float = setting(1.0, doc="when sampling: > 0 (check_config)")
+    top_k: int = setting(0, worded(int_at_least(0), "an integer >= 0 (0: no top-k filter)"))
+    top_p: float = setting(1.0, number_in(0, 1, lo_open=True), doc="1.0: no nucleus filter")
 
 
 def _target(cls: type) -> str:
@@ -80,155 +115,71 @@ class ModelDrafterConf:
 class PromptLookupConf:
     _target_: str = _target(PromptLookupDrafter)
     name: str = "prompt_lookup"
-    max_ngram: int = default_of(PromptLookupDrafter, "max_ngram")
-    min_ngram: int = default_of(PromptLookupDrafter, "min_ngram")
+    max_ngram: int = setting(default_of(PromptLookupDrafter, "max_ngram"), int_at_least(1),
+                             doc="the longest n-gram looked up (in the prompt and the text so far)")
+    min_ngram: int = setting(default_of(PromptLookupDrafter, "min_ngram"), int_at_least(1),
+                             doc="the shortest n-gram looked up")
 
 
 @dataclass
 class HybridConf:
     _target_: str = _target(HybridDrafter)
     name: str = "hybrid"
-    max_ngram: int = default_of(HybridDrafter, "max_ngram")
-    min_ngram: int = default_of(HybridDrafter, "min_ngram")
-    min_match: int = default_of(HybridDrafter, "min_match")
+    max_ngram: int = same_as(PromptLookupConf, "max_ngram", default_of(HybridDrafter, "max_ngram"))
+    min_ngram: int = same_as(PromptLookupConf, "min_ngram", default_of(HybridDrafter, "min_ngram"))
+    min_match: int = setting(default_of(HybridDrafter, "min_match"), int_at_least(1),
+                             doc="fewer lookup tokens than this let the draft model propose instead")
 
 
-# A k-policy option is its spec (speclab/strategy.py: fields and defaults) and the spec's class.
+# A k-policy option is its spec (speclab/strategy.py: fields and defaults) and the spec's class; the schema
+# restates the spec's fields to give each its check, reading its default from the spec.
 @dataclass
 class FixedKConf(FixedPolicy):
     _target_: str = _target(FixedPolicy)
 
 
 @dataclass
-class HeuristicKConf(HeuristicPolicy):
-    _target_: str = _target(HeuristicPolicy)
-
-
-@dataclass
 class CostModelKConf(CostModelPolicy):
+    k_min: int = setting(CostModelPolicy.k_min, worded(int_at_least(0), "an integer >= 0 (0: the cost model may stop "
+                                                                         "speculating; heuristic: >= 1)"),
+                         doc="0: a plain target step is a choice too, taken where no k >= 1 is priced above it "
+                             "(1: always speculate, as in older results)")
+    k_max: int = setting(CostModelPolicy.k_max, int_at_least(1), doc="the most proposals an iteration makes")
+    decay: float = setting(CostModelPolicy.decay, number_in(0, 1, lo_open=True, hi_open=True),
+                           doc="weight of the previous iteration's evidence (0.7 with estimator iid in older results)")
+    alpha0: float = setting(CostModelPolicy.alpha0, number_in(0, 1, lo_open=True, hi_open=True),
+                            doc="the prior: prior_weight checks at acceptance rate alpha0")
+    prior_weight: float = setting(CostModelPolicy.prior_weight, number_in(0, float("inf"), hi_open=True),
+                                  doc="the prior's weight, in checks")
+    c_draft: Optional[float] = setting(CostModelPolicy.c_draft, positive_or_null(),
+                                       doc="null: measure the price table; with c_verify: the chapter's formula")
+    c_verify: Optional[float] = setting(CostModelPolicy.c_verify, positive_or_null(),
+                                        doc="null: measure the price table; with c_draft: the chapter's formula")
+    estimator: str = setting(CostModelPolicy.estimator, one_of("iid", "positions"), neutral="iid",
+                             doc="positions: one acceptance rate per draft position; iid: one alpha (the chapter's "
+                                 "model)")
+    probe_every: int = setting(CostModelPolicy.probe_every, int_at_least(1),
+                               doc="with k_min 0: plain steps in a row before one drafted iteration refreshes the "
+                                   "estimate")
+    condition_on: str = setting(CostModelPolicy.condition_on, one_of("none", "match"), neutral="none",
+                                doc="match: one estimate per label the drafter gives before proposing (prompt lookup "
+                                    "and the hybrid: the matched n-gram's length, or \"model\"); none: one estimate "
+                                    "(older results)")
+    free_k_min: Optional[int] = setting(
+        CostModelPolicy.free_k_min,
+        ((lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)),
+         "null (the same as k_min) or an integer >= 0"),
+        neutral=None, arm_hashed=True,
+        doc="k_min where proposals cost nothing (prompt lookup; a hybrid's lookup iterations); null: k_min "
+            "(older results)")
     _target_: str = _target(CostModelPolicy)
 
 
 @dataclass
-class StageBase:
-    name: str = MISSING
-    parts: list[str] = MISSING
-
-
-@dataclass
-class TimingStage(StageBase):
-    pass_lengths: list[int] = field(default_factory=lambda: list(range(1, 10)))
-    repeats: int = 20
-    warmup: int = 3
-    prompts_to_time: int = 1
-    context_extra: list[int] = field(default_factory=lambda: [0])
-    prefill: bool = False
-    tree_nodes: list[int] = field(default_factory=list)  # the target's pass over 1 + n tree nodes (a 4D mask), per n
-
-
-@dataclass
-class KsStage(StageBase):
-    ks: list[int] = field(default_factory=list)
-
-
-@dataclass
-class AcceptanceStage(KsStage):
-    drafters: list[str] = field(default_factory=list)
-    k_policies: list[str] = field(default_factory=list)
-    policy_drafters: list[str] = field(default_factory=list)  # drafters of the k_policies runs ([]: the job's)
-    replay: bool = True  # greedy: replay every configuration but the job's own from one plain generation
-    trees: list[str] = field(default_factory=list)  # tree configurations run beside the chains (pipeline/trees.py)
-
-
-@dataclass
-class SpeedStage(KsStage):
-    rounds: int = 1
-    peer: bool = False
-    peer_modes: list[str] = field(default_factory=lambda: ["matched"])
-    k_policies: list[str] = field(default_factory=list)
-    timing_repeats: int = 10
-    timing_warmup: int = 2
-    drafters: list[str] = field(default_factory=list)
-    drafter_ks: list[int] = field(default_factory=list)
-    recommended: bool = False
-    best_fixed: bool = False
-    block_timing_repeats: int = 0
-    trees: list[str] = field(default_factory=list)  # tree arms, e.g. static:3-2-1-1 (pipeline/trees.py)
-
-
-@dataclass
-class PlanStage(TimingStage, AcceptanceStage):
-    acceptance_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
-    bootstrap: int = 1000
-    level: float = 0.9
-
-
-@dataclass
-class DivergenceStage(KsStage):
-    rounds: int = 1
-    tie_ulps: int = 4
-
-
-@dataclass
-class DistributionStage(StageBase):
-    draws: int = 200000
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    top_tokens: int = 60
-    alpha_level: float = 0.01
-    no_power_acceptance: float = 0.98
-    contexts: str = "prompt"
-    contexts_per_prompt: int = 2
-    power_sims: int = 200
-    hf_conformance: bool = False
-    hf_contexts: int = 1
-    hf_runs: int = 2000
-
-
-@dataclass
-class BatchStage(StageBase):
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    ks: list[int] = field(default_factory=lambda: [2, 4])
-    rounds: int = 1
-    pass_lengths: list[int] = field(default_factory=lambda: list(range(1, 10)))
-    timing_repeats: int = 5
-    timing_warmup: int = 1
-
-
-@dataclass
-class AllStage(SpeedStage, TimingStage, DistributionStage):
-    acceptance_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    tie_ulps: int = 4
-
-
-@dataclass
-class TrustConf:
-    """Job-time trust checks of speed, batch and timing jobs (pipeline/trust.py)."""
-    max_drift: float = 1.25  # the analysis's drift limit (params.yaml drift.max_ratio)
-    min_runs: int = 3  # runs per arm (repeats per timing) an interval needs
-
-
-@dataclass
-class SpeclabConf:
-    pair: PairConf = MISSING
-    prompts: PromptsConf = MISSING
-    sampling: SamplingConf = MISSING
-    stage: Any = MISSING
-    drafter: Any = MISSING
-    k_policy: Any = MISSING
-    mlflow: MlflowConf = field(default_factory=MlflowConf)
-    trust: TrustConf = field(default_factory=TrustConf)
-    device: str = "auto"
-    seed: int = 0
-    k: int = 4
-    max_new_tokens: int = 48
-    merge_prefill: bool = True
-    round: int = 0
-    rotation: int = 0
-    threads: int = 0
-    force: bool = False
-    overwrite_published: bool = False
-    campaign: str = "scratch"
-    outputs_dir: str = MISSING
+class HeuristicKConf(HeuristicPolicy):
+    k_min: int = same_as(CostModelKConf, "k_min", HeuristicPolicy.k_min)
+    k_max: int = same_as(CostModelKConf, "k_max", HeuristicPolicy.k_max)
+    _target_: str = _target(HeuristicPolicy)
 
 
 # The options of the drafter and k_policy groups, by name: their schemas, and the defaults of an extra
@@ -236,65 +187,12 @@ class SpeclabConf:
 DRAFTERS = {conf.name: conf for conf in (ModelDrafterConf, PromptLookupConf, HybridConf)}
 K_POLICIES = {conf.name: conf for conf in (FixedKConf, CostModelKConf, HeuristicKConf)}
 EXTRA_POLICIES = tuple(name for name in K_POLICIES if name != FixedKConf.name)  # the adaptive ones (stage.k_policies)
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-STAGE_SCHEMAS = {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage, "divergence": DivergenceStage,
-                 "distribution": DistributionStage, "all": AllStage, "batch": BatchStage, "plan": PlanStage}
 
 
 def options(group: str, schemas: dict[str, type]) -> list[str]:
     """The group's options as the job's own: those with a schema here, and any option file a user added to
     conf/<group>/ (its ``_target_`` names the class, its keys are the constructor's arguments)."""
     return [*schemas, *sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if p.stem not in schemas)]
-
-
-def register() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="speclab_schema", node=SpeclabConf)
-    for group, options in {"stage": STAGE_SCHEMAS, "drafter": DRAFTERS, "k_policy": K_POLICIES}.items():
-        for name, node in options.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
-
-
-# ---- range and choice checks (run before any model loads) --------------------------------------
-
-Check = tuple[Callable[[Any], bool], str]
-
-
-def _int_at_least(n: int) -> Check:
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= n), f"an integer >= {n}"
-
-
-def _int_in(lo: int, hi: int, what: str = "") -> Check:
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi), \
-        what or f"an integer >= {lo} and <= {hi}"
-
-
-def _ints_at_least(n: int, nonempty: bool = False, below: int | None = None) -> Check:
-    what = (f"a {'non-empty ' if nonempty else ''}list of integers >= {n}" + (f" and < {below}" if below else "")
-            + ", e.g. [1,2,4]")
-    return (lambda v: isinstance(v, (list, ListConfig)) and (len(v) > 0 or not nonempty)
-            and all(isinstance(x, int) and not isinstance(x, bool) and n <= x < (below or x + 1) for x in v)), what
-
-
-def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Check:
-    def ok(v: Any) -> bool:
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-            return False
-        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-    return ok, f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-
-
-def _one_of(*choices: str) -> Check:
-    return (lambda v: v in choices), f"one of {list(choices)}"
-
-
-def _subset_of(*choices: str) -> Check:
-    return (lambda v: isinstance(v, (list, ListConfig)) and all(x in choices for x in v)), \
-        f"a list drawn from {list(choices)}"
-
-
-def _positive_or_null() -> Check:
-    return (lambda v: v is None or (isinstance(v, (int, float)) and v > 0)), "null (measure it) or a number > 0"
 
 
 def _tree_specs(v: Any) -> bool:
@@ -307,89 +205,212 @@ def _tree_specs(v: Any) -> bool:
     return True
 
 
-DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
-MAX_THREADS = 4 * (os.cpu_count() or 1)  # more only costs memory (threads=100000 ran out of it)
-MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; stages add small offsets to the seed
+@dataclass
+class StageBase:
+    name: str = MISSING
+    parts: list[str] = MISSING
 
-CHECKS: dict[str, Check] = {
-    "k": _int_at_least(1),
-    "max_new_tokens": _int_at_least(1),
-    "seed": _int_in(0, MAX_SEED, f"an integer >= 0 and <= {MAX_SEED} (2**63 - 1)"),
-    "round": _int_at_least(0),
-    "rotation": _int_at_least(0),
-    "threads": _int_in(0, MAX_THREADS, f"an integer >= 0 (0 keeps torch's default) and <= {MAX_THREADS} "
-                                       "(4 per CPU core here)"),
-    "device": (lambda v: bool(DEVICE.match(str(v))), "one of auto, cpu, cuda, cuda:N, mps"),
-    "campaign": (lambda v: bool(NAME.match(str(v))),
-                 "a name of letters, digits, '_', '.', '-' (up to 64 characters, no '/')"),
-    "trust.max_drift": _number_in(1, float("inf"), lo_open=True),
-    "trust.min_runs": _int_at_least(1),
-    "mlflow.experiment": (lambda v: bool(str(v).strip()), "a non-empty experiment name"),
-    "mlflow.tracking_uri": (lambda v: bool(str(v).strip()), "a tracking URI such as sqlite:///mlflow.db"),
-    "pair.name": (lambda v: bool(NAME.match(str(v))), "a name of letters, digits, '_', '.', '-'"),
-    "pair.target": (lambda v: bool(str(v).strip()), "a model name, Hugging Face id or local folder"),
-    "pair.draft": (lambda v: bool(str(v).strip()), "a draft variant, model name, Hugging Face id or folder"),
-    "pair.dtype": _one_of("float32", "bfloat16", "float16"),
-    "pair.draft_dtype": _one_of("", "float32", "bfloat16", "float16", "int8"),
-    "prompts.file": (lambda v: bool(str(v).strip()), "a prompt file name or path"),
-    "prompts.kinds": (lambda v: isinstance(v, (list, ListConfig)) and len(v) > 0 and all(str(x).strip() for x in v),
-                      "a non-empty list of prompt kinds, e.g. [prose,code]"),
-    "prompts.per_kind": (_int_at_least(0)[0], "an integer >= 0 (0: every prompt of each kind)"),
-    "prompts.skip_per_kind": (_int_at_least(0)[0], "an integer >= 0 (prompts of each kind to leave out first)"),
-    "prompts.chat_template": (_one_of("auto", "on", "off")[0],
-                              "one of ['auto', 'on', 'off'] (in a YAML file quote on and off: YAML reads them as booleans)"),
-    "sampling.top_k": (_int_at_least(0)[0], "an integer >= 0 (0: no top-k filter)"),
-    "sampling.top_p": _number_in(0, 1, lo_open=True),
-    "drafter.name": ((lambda v: v in options("drafter", DRAFTERS)), f"one of {options('drafter', DRAFTERS)}"),
-    "drafter.min_match": _int_at_least(1),
-    "drafter.max_ngram": _int_at_least(1),
-    "drafter.min_ngram": _int_at_least(1),
-    "k_policy.name": ((lambda v: v in options("k_policy", K_POLICIES)), f"one of {options('k_policy', K_POLICIES)}"),
-    "k_policy.k_min": (_int_at_least(0)[0], "an integer >= 0 (0: the cost model may stop speculating; heuristic: >= 1)"),
-    "k_policy.probe_every": _int_at_least(1),
-    "k_policy.k_max": _int_at_least(1),
-    "k_policy.decay": _number_in(0, 1, lo_open=True, hi_open=True),
-    "k_policy.alpha0": _number_in(0, 1, lo_open=True, hi_open=True),
-    "k_policy.prior_weight": _number_in(0, float("inf"), hi_open=True),
-    "k_policy.c_draft": _positive_or_null(),
-    "k_policy.c_verify": _positive_or_null(),
-    "k_policy.estimator": _one_of("iid", "positions"),
-    "k_policy.condition_on": _one_of("none", "match"),
-    "k_policy.free_k_min": ((lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)),
-                            "null (the same as k_min) or an integer >= 0"),
-    "stage.ks": _ints_at_least(1),
-    "stage.batch_sizes": _ints_at_least(1, nonempty=True),
-    "stage.acceptance_ks": _ints_at_least(1, nonempty=True),
-    "stage.pass_lengths": _ints_at_least(1, nonempty=True),
-    "stage.repeats": _int_at_least(1),
-    "stage.warmup": _int_at_least(0),
-    "stage.prompts_to_time": _int_at_least(1),
-    "stage.rounds": _int_at_least(1),
-    "stage.k_policies": _subset_of(*EXTRA_POLICIES),
-    "stage.drafters": _subset_of(*DRAFTERS),
-    "stage.policy_drafters": _subset_of(*DRAFTERS),
-    "stage.drafter_ks": _ints_at_least(1),
-    "stage.context_extra": _ints_at_least(0, nonempty=True),
-    "stage.tree_nodes": _ints_at_least(1),
-    "stage.trees": (_tree_specs, f"a list of tree specs, e.g. [{EXAMPLES}]"),
-    "stage.bootstrap": _int_at_least(100),
-    "stage.level": _number_in(0, 1, lo_open=True, hi_open=True),
-    "stage.peer_modes": _subset_of("matched", "default", "lookup"),
-    "stage.timing_repeats": _int_at_least(1),
-    "stage.block_timing_repeats": (_int_at_least(0)[0], "an integer >= 0 (0: no step timing in each block)"),
-    "stage.timing_warmup": _int_at_least(0),
-    "stage.tie_ulps": _int_at_least(0),
-    "stage.draws": _int_at_least(100),
-    "stage.seeds": _ints_at_least(0, nonempty=True, below=2**31),  # an int32 column
-    "stage.top_tokens": _int_at_least(1),
-    "stage.alpha_level": _number_in(0, 1, lo_open=True, hi_open=True),
-    "stage.no_power_acceptance": _number_in(0, 1, lo_open=True),
-    "stage.contexts": _one_of("prompt", "max_tv"),
-    "stage.contexts_per_prompt": _int_at_least(1),
-    "stage.power_sims": _int_at_least(1),
-    "stage.hf_contexts": _int_at_least(1),
-    "stage.hf_runs": _int_at_least(1),
-}
+
+@dataclass
+class TimingStage(StageBase):
+    pass_lengths: list[int] = setting(list(range(1, 10)), ints_at_least(1, nonempty=True),
+                                      doc="the pass lengths timed: each model's pass over n new tokens")
+    repeats: int = setting(20, int_at_least(1), doc="timed passes of each length")
+    warmup: int = setting(3, int_at_least(0), doc="untimed passes before them")
+    prompts_to_time: int = setting(1, int_at_least(1), doc="the first n prompts of the selection")
+    context_extra: list[int] = setting([0], ints_at_least(0, nonempty=True), neutral=[0],
+                                       doc="pass times after the prompt and after each of these many more tokens "
+                                           "(the context grows)")
+    prefill: bool = setting(False, neutral=False, doc="also time both models' prefill of the prompt")
+    tree_nodes: list[int] = setting([], ints_at_least(1), neutral=[],
+                                    doc="the target's pass over 1 + n tree nodes (a 4D mask), per n")
+
+
+@dataclass
+class KsStage(StageBase):
+    ks: list[int] = setting([], ints_at_least(1), doc="k values run in this job; empty: the top-level k")
+
+
+@dataclass
+class AcceptanceStage(KsStage):
+    drafters: list[str] = setting([], unset_or(subset_of(*DRAFTERS)), neutral=[],
+                                  doc="other drafters run beside the job's (speed: at drafter_ks)")
+    # The speed stage hashed k_policies before it was neutral: neutral for the acceptance stage only.
+    k_policies: list[str] = setting([], unset_or(subset_of(*EXTRA_POLICIES)), neutral=[], neutral_for=("acceptance",),
+                                    doc="adaptive k policies run as extra arms (cost_model, heuristic), starting at k")
+    policy_drafters: list[str] = setting([], subset_of(*DRAFTERS), neutral=[],
+                                         doc="drafters of the k_policies runs ([]: the job's)")
+    replay: bool = setting(True, neutral=False,
+                           doc="greedy: replay every configuration but the job's own from one plain generation")
+    trees: list[str] = setting([], unset_or((_tree_specs, f"a list of tree specs, e.g. [{EXAMPLES}]")), neutral=[],
+                               doc="tree configurations run beside the chains, e.g. static:3-2-1-1 "
+                                   "(speclab/tree_specs.py)")
+
+
+def _arm_entries(v: Any) -> bool:
+    if not isinstance(v, (list, ListConfig)):
+        return False
+    try:
+        entries = [entry(OmegaConf.to_container(e) if isinstance(e, DictConfig) else e) for e in v]
+    except (ValueError, TypeError):
+        return False
+    return all(e.drafter in (None, *DRAFTERS) and e.k_policy in (None, *K_POLICIES) for e in entries)
+
+
+ARMS_EXAMPLE = "[{},{k_policy:cost_model},{drafter:prompt_lookup,k_policy:fixed,ks:[4]},{tree:'static:3-2-1-1'}," \
+               "{method:recommended},{method:hf_default}]"
+# The flags a speed job's arms came from before ``stage.arms`` (store/legacy_arms.py): unset (null) unless a
+# recorded command sets them, which then apply to the arm list; their neutral values are those of the flags.
+LEGACY = "before stage.arms (store/legacy_arms.py); null: unset"
+
+
+@dataclass
+class SpeedStage(KsStage):
+    rounds: int = setting(1, int_at_least(1), doc="in-job rounds over the prompts")
+    arms: list[ArmEntry] = setting([OWN], (_arm_entries, f"a list of arm entries (method one of {list(ENTRY_METHODS)}, "
+                                                         f"drafter null or one of {list(DRAFTERS)}, k_policy null "
+                                                         f"or one of {list(K_POLICIES)}, ks null or integers >= 1, "
+                                                         "tree a tree spec), e.g. "
+                                                         f"{ARMS_EXAMPLE} (docs/pipeline.md#arms)"),
+                                   doc="the compared configurations besides plain decoding, in order "
+                                       "(speclab/arms.py ArmEntry); the default: the job's drafter at each of ks")
+    timing_repeats: int = setting(10, int_at_least(1), doc="step timings before and after the runs")
+    timing_warmup: int = setting(2, int_at_least(0), doc="untimed steps before them")
+    block_timing_repeats: int = setting(0, worded(int_at_least(0), "an integer >= 0 (0: no step timing in each block)"),
+                                        neutral=0,
+                                        doc="> 0: time a target and a draft step before each block's runs (the "
+                                            "machine's state then)")
+    peer: Optional[bool] = setting(None, doc=f"transformers peer arms, {LEGACY}")
+    peer_modes: Optional[list[str]] = setting(None, unset_or(subset_of("matched", "default", "lookup")),
+                                              neutral=["matched"], doc=f"the peers' modes, {LEGACY}")
+    k_policies: Optional[list[str]] = same_as(AcceptanceStage, "k_policies", None)
+    drafters: Optional[list[str]] = same_as(AcceptanceStage, "drafters", None)
+    drafter_ks: Optional[list[int]] = setting(None, unset_or(ints_at_least(1)), neutral=[],
+                                              doc=f"k values of the drafters' arms, {LEGACY}")
+    recommended: Optional[bool] = setting(None, neutral=False, doc=f"the plan's arm, {LEGACY}")
+    best_fixed: Optional[bool] = setting(None, neutral=False, doc=f"the best fixed arm, {LEGACY}")
+    trees: Optional[list[str]] = same_as(AcceptanceStage, "trees", None)
+
+
+@dataclass
+class PlanStage(TimingStage, AcceptanceStage):
+    acceptance_ks: list[int] = setting([1, 2, 3, 4, 5, 6, 7, 8], ints_at_least(1, nonempty=True),
+                                       doc="k values of the acceptance part")
+    bootstrap: int = setting(default_of(recommend, "samples"), int_at_least(100),
+                             doc="resamples of prompts for the interval of each prediction")
+    level: float = setting(default_of(recommend, "level"), number_in(0, 1, lo_open=True, hi_open=True),
+                           doc="interval level; a kind overrides the robust choice at sign-test p <= 1 - level")
+
+
+@dataclass
+class DivergenceStage(KsStage):
+    rounds: int = same_as(SpeedStage, "rounds")
+    tie_ulps: int = setting(4, int_at_least(0), doc="a gap within this many units in the last place is a near-tie")
+
+
+@dataclass
+class DistributionStage(StageBase):
+    draws: int = setting(200000, int_at_least(100), doc="first-token draws per rule, context and seed")
+    seeds: list[int] = setting([0, 1, 2], ints_at_least(0, nonempty=True, below=2**31), doc="an int32 column")
+    top_tokens: int = setting(60, int_at_least(1), doc="the chi-square's bins: the target's top tokens")
+    alpha_level: float = setting(0.01, number_in(0, 1, lo_open=True, hi_open=True), doc="the test's level")
+    no_power_acceptance: float = setting(0.98, number_in(0, 1, lo_open=True),
+                                         doc="contexts with sum(min(p, q)) above this cannot tell the rules apart")
+    contexts: str = setting("prompt", one_of("prompt", "max_tv"),
+                            doc="prompt: right after each prompt; max_tv: where target and draft disagree most")
+    contexts_per_prompt: int = setting(2, int_at_least(1),
+                                       doc="with max_tv: positions per prompt (along its greedy continuation)")
+    power_sims: int = setting(200, int_at_least(1), doc="simulations for the power against the wrong rules")
+    hf_conformance: bool = setting(False,
+                                   doc="also test transformers' generate(assistant_model=..., do_sample=True)")
+    hf_contexts: int = setting(1, int_at_least(1), doc="contexts tested that way (each costs hf_runs generate calls)")
+    hf_runs: int = setting(2000, int_at_least(1))
+
+
+@dataclass
+class BatchStage(StageBase):
+    batch_sizes: list[int] = setting([1, 2, 4, 8], ints_at_least(1, nonempty=True))
+    ks: list[int] = same_as(KsStage, "ks", [2, 4])
+    rounds: int = same_as(SpeedStage, "rounds")
+    pass_lengths: list[int] = same_as(TimingStage, "pass_lengths")
+    timing_repeats: int = same_as(SpeedStage, "timing_repeats", 5)
+    timing_warmup: int = same_as(SpeedStage, "timing_warmup", 1)
+
+
+@dataclass
+class AllStage(SpeedStage, TimingStage, DistributionStage):
+    acceptance_ks: list[int] = same_as(PlanStage, "acceptance_ks", [1, 2, 4, 8])
+    tie_ulps: int = same_as(DivergenceStage, "tie_ulps")
+
+
+@dataclass
+class TrustConf:
+    """Job-time trust checks of speed, batch and timing jobs (pipeline/trust.py): a failed one is a console
+    warning, a line in the MLflow description, the tag trust=<checks> and the Parquet columns trust /
+    trust_detail. Checks of the measurement, not part of it: at their first values a job keeps its identity."""
+    max_drift: float = setting(DRIFT_LIMIT, number_in(1, float("inf"), lo_open=True), neutral=DRIFT_LIMIT,
+                               doc="before/after step times differing by more than this factor")
+    min_runs: int = setting(3, int_at_least(1), neutral=3,
+                            doc="fewer runs per arm (repeats per timing) than this give no interval")
+
+
+@dataclass
+class SpeclabConf:
+    pair: PairConf = MISSING
+    prompts: PromptsConf = MISSING
+    sampling: SamplingConf = MISSING
+    stage: Any = MISSING
+    drafter: Any = MISSING
+    k_policy: Any = MISSING
+    mlflow: MlflowConf = field(default_factory=MlflowConf)
+    trust: TrustConf = field(default_factory=TrustConf)
+    device: str = setting("auto", matches(DEVICE, "one of auto, cpu, cuda, cuda:N, mps"), doc="auto | cpu | cuda[:N]")
+    seed: int = setting(0, int_in(0, MAX_SEED, f"an integer >= 0 and <= {MAX_SEED} (2**63 - 1)"))
+    k: int = setting(4, int_at_least(1), doc="proposals per iteration")
+    max_new_tokens: int = setting(48, int_at_least(1))
+    merge_prefill: bool = setting(True, neutral=False,
+                                  doc="the prompt rides in the first draft call and verification pass (as "
+                                      "transformers' assisted generation does); false: both models prefill it apart "
+                                      "first (one pass more each)")
+    round: int = setting(0, int_at_least(0),
+                         doc="a label for repeated runs of the same config (sweep it for rounds in separate jobs)")
+    rotation: int = setting(0, int_at_least(0), doc="offset of the arm order in the speed stage's rotation")
+    threads: int = setting(0, int_in(0, MAX_THREADS, f"an integer >= 0 (0 keeps torch's default) and <= {MAX_THREADS} "
+                                                     "(4 per CPU core here)"),
+                           doc="torch intra-op threads; 0 keeps torch's default (1 per job in parallel sweeps)")
+    force: bool = setting(False, doc="rerun a job whose output for this exact config already exists")
+    overwrite_published: bool = setting(False, doc="let this job replace files of a published campaign "
+                                                   "(store/manifest.py)")
+    campaign: str = setting("scratch", matches(NAME, f"{NAME_WORDS} (up to 64 characters, no '/')"),
+                            doc="results go to outputs/campaigns/<campaign>/; dvc repro publishes the campaigns in "
+                                "params.yaml")
+    outputs_dir: str = MISSING
+
+
+STAGE_SCHEMAS = {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage, "divergence": DivergenceStage,
+                 "distribution": DistributionStage, "all": AllStage, "batch": BatchStage, "plan": PlanStage}
+# Every schema by the prefix of its keys, in the order the checks run.
+SCHEMAS: dict[str, tuple[type, ...]] = {
+    "": (SpeclabConf,), "trust.": (TrustConf,), "mlflow.": (MlflowConf,), "pair.": (PairConf,),
+    "prompts.": (PromptsConf,), "sampling.": (SamplingConf,), "drafter.": tuple(DRAFTERS.values()),
+    "k_policy.": tuple(K_POLICIES.values()), "stage.": tuple(STAGE_SCHEMAS.values())}
+# A group's option is a file as much as a schema: its name is checked against both.
+OPTION_CHECKS: dict[str, Check] = {
+    f"{group}.name": ((lambda v, group=group, schemas=schemas: v in options(group, schemas)),
+                      f"one of {options(group, schemas)}")
+    for group, schemas in (("drafter", DRAFTERS), ("k_policy", K_POLICIES))}
+CHECKS: dict[str, Check] = checks(SCHEMAS, first=OPTION_CHECKS)
+HASH_NEUTRAL = neutral_table(SCHEMAS)  # the keys a job's config hash leaves out at their neutral value
+COST_MODEL_ARM_KEYS = arm_hashed(CostModelKConf)  # pipeline/job_inputs.py
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="speclab_schema", node=SpeclabConf)
+    for group, options in {"stage": STAGE_SCHEMAS, "drafter": DRAFTERS, "k_policy": K_POLICIES}.items():
+        for name, node in options.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
+
 
 _ABSENT = object()
 NOT_SCHEMA = ("hydra", "inputs")  # top-level keys besides the schema's: Hydra's own, what a job read (job_inputs)

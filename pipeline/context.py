@@ -7,11 +7,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from pipeline.job_arms import stage_entries
 from pipeline.jobs import config_hash
 from pipeline.prompts import Prompt, load_prompts
 from pipeline.strategies import drafter_conf, make_drafter, policy_conf, policy_spec
 from pipeline.trust import LoadSampler
 from pipeline.turns import prompt_inputs
+from speclab.arms import policies as arm_policies
 from speclab.models import ModelPair, load_pair
 from speclab.strategy import Strategy, make_strategy, measure_prices
 from speclab.time_model import CostTable
@@ -46,7 +48,8 @@ class StageContext:
 def job_k_max(cfg: DictConfig) -> int:
     """The most proposals any iteration of this job can make (fixed ks and adaptive policies' k_max)."""
     st = cfg.stage
-    policies = [policy_conf(cfg, str(p)) for p in [cfg.k_policy.name, *(st.get("k_policies") or [])]]
+    names = [cfg.k_policy.name, *(st.get("k_policies") or []), *arm_policies(stage_entries(cfg))]
+    policies = [policy_conf(cfg, str(p)) for p in dict.fromkeys(names)]
     return max([int(cfg.k), *(st.get("ks") or []), *(st.get("acceptance_ks") or []),
                 *(int(p.k_max) for p in policies if "k_max" in p)])
 

@@ -1,15 +1,15 @@
 """What a job reads besides its config, which must therefore name the job too.
 
-A speed job's recommended arm follows the campaign's latest plan, and ``stage.best_fixed`` runs the
+A speed job's recommended arm follows the campaign's latest plan, and a best_fixed arm runs the
 exploratory check's best fixed configuration; a cost-model arm the config does not spell out
-(``stage.k_policies`` beside another ``k_policy``, or a plan's recommendation) takes its schema's
+(an arm or ``stage.k_policies`` naming it beside another ``k_policy``, or a plan's recommendation) takes its schema's
 defaults. Were these left out of the job's hash, rerunning a check after a new plan, or after a
 changed default, would find the old file "already complete" and report the old arms as the new.
 
 A job resolves them once, as it starts (``freeze``), into ``cfg.inputs``: its hash, its MLflow params,
 its provenance record and the stage itself then all see the same plan, even if another job writes a
-newer one meanwhile. The rules themselves (the latest plan, the best fixed configuration, the keys of
-the cost-model schema added since results were stored) are the store's.
+newer one meanwhile. The rules for the latest plan and the best fixed configuration are the store's; the
+cost-model keys that name such an arm are those its schema marks ``arm_hashed`` (pipeline/config_schema.py).
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from pipeline.job_arms import stage_entries
+from speclab.arms import needs, policies as arm_policies
 from store import best_fixed, layout, plans
-from store.compat import ARM_POLICY_KEYS
 
 
 def campaign_dir(cfg: DictConfig) -> Path:
@@ -43,26 +44,28 @@ def _runs_schema_cost_model(cfg: DictConfig) -> bool:
     st = cfg.stage
     if str(cfg.k_policy.name) == "cost_model":
         return False  # its arms use the config's own k_policy, which is hashed
-    return "cost_model" in [str(p) for p in st.get("k_policies") or []] or bool(st.get("recommended"))
+    entries = stage_entries(cfg)
+    return ("cost_model" in [str(p) for p in st.get("k_policies") or []] + arm_policies(entries)
+            or needs(entries, "recommended"))
 
 
 def job_inputs(cfg: DictConfig) -> dict[str, object]:
     """The inputs above (nested, as ``cfg.inputs`` holds them), each left out where it does not apply, so
     jobs that read none keep their hash. A frozen job's own."""
-    from pipeline.config_schema import CostModelKConf
+    from pipeline.config_schema import COST_MODEL_ARM_KEYS, CostModelKConf
 
     if "inputs" in cfg:
         return OmegaConf.to_container(cfg.inputs)
     out: dict[str, object] = {}
-    st = cfg.stage
-    if st.get("recommended"):
+    entries = stage_entries(cfg)
+    if needs(entries, "recommended"):
         plan = latest_plan_file(cfg)
         out["plan"] = plan.stem if plan is not None else None
-    if st.get("best_fixed"):
+    if needs(entries, "best_fixed"):
         best = find_best_fixed(cfg)
         out["best_fixed"] = f"{best.drafter} k={best.k}" if best is not None else None
     if _runs_schema_cost_model(cfg):
-        arm = {key: value for key, neutral in ARM_POLICY_KEYS.items()
+        arm = {key: value for key, neutral in COST_MODEL_ARM_KEYS.items()
                if (value := getattr(CostModelKConf, key)) != neutral}
         if arm:
             out["cost_model_arm"] = arm

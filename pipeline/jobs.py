@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.config_schema import HASH_NEUTRAL
 from pipeline.job_inputs import campaign_dir, job_inputs  # noqa: F401 - campaign_dir: the run's too
 from store import identity, layout
 
@@ -26,7 +27,8 @@ def run_params(cfg: DictConfig) -> dict[str, Any]:
 
 def config_hash(cfg: DictConfig) -> str:
     """``store.identity.config_hash`` of the job; inputs the job has not frozen yet are resolved now."""
-    return identity.config_hash(plain_config(cfg), None if "inputs" in cfg else job_inputs(cfg))
+    inputs = None if "inputs" in cfg else job_inputs(cfg)
+    return identity.config_hash(plain_config(cfg), inputs, neutral=HASH_NEUTRAL)
 
 
 def output_path(cfg: DictConfig, stage: str) -> Path:

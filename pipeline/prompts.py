@@ -11,6 +11,7 @@ import yaml
 
 from pipeline.prompt_files import parse_jsonl
 from pipeline.prompt_types import Prompt, check_unicode
+from speclab.prompt_pools import MT_BENCH, POOLS
 
 __all__ = ["Prompt", "load_prompts", "read_file", "shipped_files", "encode", "check_fits", "check_window",
            "MT_BENCH", "POOLS", "STAND_IN_TOKENS"]
@@ -18,9 +19,6 @@ __all__ = ["Prompt", "load_prompts", "read_file", "shipped_files", "encode", "ch
 PROMPT_DIR = Path(__file__).parent / "prompts"
 FIELDS = ("id", "kind", "text")
 STAND_IN_TOKENS = 64
-# Spec-Bench's MT-bench subcategories; ``kinds: [mt_bench]`` selects them as one kind (its own table row).
-MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-POOLS = {"mt_bench": MT_BENCH}
 
 
 def _parse(path: Path) -> list[Prompt]:

@@ -1,116 +1,12 @@
-"""Tree shapes as config: ``stage.trees`` lists specs such as ``static:3-2-1-1``, ``dynamic:5-4-16``, ``lookup:4-6``.
-
-A spec is a family (speclab.tree_drafters) and, after a colon, its numbers joined by ``-`` in the order
-of ``FAMILIES[family].numbers``; without numbers the class's defaults. One job may compare several shapes
-of one family (the speed stage runs each as an arm in the same rotated blocks as the chains and plain
-decoding), which is why a shape is a short spec rather than a config group option. A tree arm's
-``drafter`` column is ``tree:<spec>`` with every number written out, so the same shape always has one name.
-"""
+"""A job's tree drafter: the shape from its arm, the n-gram sizes of prompt-lookup trees from the job's drafter."""
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
 from typing import Any
 
-from hydra.utils import get_class
-
-PREFIX = "tree:"
-
-
-@dataclass(frozen=True)
-class Family:
-    """A tree family: its class (imported only when a drafter is built or a default is read, so that the
-    analysis can name and parse tree arms without torch)."""
-
-    path: str
-    numbers: tuple[str, ...]  # the constructor arguments a spec's numbers fill, in order
-    listed: bool = False  # the numbers are one list argument (static: the branching per depth)
-    uses_model: bool = True
-
-    @property
-    def cls(self) -> type:
-        return get_class(self.path)
-
-    def default(self, param: str) -> Any:
-        # speclab.strategy.default_of's one line, not imported: the analysis reads specs without speclab's torch side
-        return inspect.signature(self.cls).parameters[param].default
-
-
-FAMILIES = {
-    "static": Family("speclab.tree_drafters.StaticTreeDrafter", ("branching",), listed=True),
-    "dynamic": Family("speclab.tree_drafters.DynamicTreeDrafter", ("depth", "topk", "nodes")),
-    "lookup": Family("speclab.tree_drafters.LookupTreeDrafter", ("branches", "depth"), uses_model=False),
-}
-EXAMPLES = "static:3-2-1-1, dynamic:5-4-16 (depth-topk-nodes), lookup:4-6 (branches-depth)"
-
-
-@dataclass(frozen=True)
-class TreeSpec:
-    family: str
-    args: dict
-
-    @property
-    def label(self) -> str:
-        fam = FAMILIES[self.family]
-        nums = self.args["branching"] if fam.listed else [self.args[n] for n in fam.numbers]
-        return f"{self.family}:{'-'.join(str(n) for n in nums)}"
-
-    @property
-    def drafter(self) -> str:
-        """The arm's ``drafter`` column."""
-        return PREFIX + self.label
-
-    @property
-    def nodes(self) -> int:
-        """The nodes of a full tree of this shape (0 for lookup trees, whose size follows the text)."""
-        if self.family == "static":
-            total, width = 0, 1
-            for b in self.args["branching"]:
-                width *= b
-                total += width
-            return total
-        return int(self.args["nodes"]) if self.family == "dynamic" else 0
-
-    @property
-    def depth(self) -> int:
-        return len(self.args["branching"]) if self.family == "static" else int(self.args["depth"])
-
-
-def parse_tree(spec: str) -> TreeSpec:
-    """A ``stage.trees`` entry (or a ``tree:`` drafter column) as a family and its arguments; one-line errors."""
-    text = str(spec).removeprefix(PREFIX)
-    family, _, numbers = text.partition(":")
-    if family not in FAMILIES:
-        raise ValueError(f"tree {spec!r} is not allowed: use one of {sorted(FAMILIES)}, optionally with numbers, e.g. "
-                         f"{EXAMPLES}")
-    fam = FAMILIES[family]
-    try:
-        values = [int(x) for x in numbers.split("-")] if numbers else []
-    except ValueError:
-        values = [0]
-    if any(v < 1 for v in values) or (values and not fam.listed and len(values) != len(fam.numbers)):
-        raise ValueError(f"tree {spec!r} is not allowed: its numbers are integers >= 1 joined by '-' "
-                         f"({'the children per depth' if fam.listed else '-'.join(fam.numbers)}), e.g. {EXAMPLES}")
-    if fam.listed:
-        args = {"branching": values or list(fam.default("branching"))}
-    else:
-        args = dict(zip(fam.numbers, values)) if values else {n: fam.default(n) for n in fam.numbers}
-    return TreeSpec(family, args)
-
-
-def is_tree(drafter: str) -> bool:
-    return str(drafter).startswith(PREFIX)
+from speclab.tree_specs import make_tree_drafter, parse_tree
 
 
 def job_tree_drafter(cfg: Any, drafter: str, draft_model: Any) -> Any:
     """The tree drafter of a ``tree:`` arm in a job: prompt-lookup trees take the job drafter's n-gram sizes."""
     ngram = {key: int(cfg.drafter[key]) for key in ("max_ngram", "min_ngram") if key in cfg.drafter}
     return make_tree_drafter(parse_tree(drafter), draft_model, ngram)
-
-
-def make_tree_drafter(spec: TreeSpec, draft_model: Any, ngram: dict | None = None) -> Any:
-    """A new tree drafter of this shape; the pair's draft model goes to the families that run one, the job's
-    n-gram sizes (``ngram``: max_ngram, min_ngram) to prompt-lookup trees."""
-    fam = FAMILIES[spec.family]
-    extra = {"model": draft_model} if fam.uses_model else dict(ngram or {})
-    return fam.cls(**extra, **spec.args)

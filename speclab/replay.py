@@ -117,7 +117,7 @@ class Replay:
         return all(s.complete for s in self.steps)
 
     def trace(self) -> Trace:
-        """The time model's view of the run (as ``pipeline.planning.traces`` builds it from acceptance rows)."""
+        """The time model's view of the run (as ``speclab.planning.traces`` builds it from acceptance rows)."""
         col = lambda name: np.array([getattr(s, name) for s in self.steps], dtype=int)  # noqa: E731
         return Trace(self.prompt_len, col("proposed"), col("new_tokens"), col("length"), col("draft_fed"),
                      col("draft_calls"), self.uses_model, self.uses_lookup, self.merged)

@@ -1,33 +1,13 @@
-"""What stored results predate: config keys and Parquet columns added later, at the values that reproduce them.
+"""What stored results predate: Parquet columns added later, at the values that reproduce them.
 
-A key added to the config after results were stored is left out of the config hash at the value that
-reproduces the old behaviour, so a job that measures what it measured before keeps its identity (and its
-finished file); a column added to a stage's schema is filled with the value it had then, so old and new
-files pool. Every such addition is listed here and nowhere else.
+A column added to a stage's schema is filled with the value it had then, so old and new files pool. Every
+such addition is listed here and nowhere else. (A config key added later declares, on its schema field, the
+value at which it stays out of a job's hash: pipeline/config_schema.py.)
 """
 from __future__ import annotations
 
 import pandas as pd
 import pyarrow as pa
-
-HASH_NEUTRAL = {"stage.peer_modes": ["matched"], "stage.context_extra": [0], "stage.prefill": False,
-                "stage.drafters": [], "stage.drafter_ks": [], "stage.recommended": False,
-                "stage.k_policies": [], "prompts.skip_per_kind": 0,
-                "k_policy.estimator": "iid", "stage.block_timing_repeats": 0,
-                "stage.best_fixed": False, "stage.policy_drafters": [], "k_policy.condition_on": "none",
-                "k_policy.free_k_min": None, "pair.draft_dtype": "",
-                "merge_prefill": False, "stage.replay": False, "stage.trees": [], "stage.tree_nodes": [],
-                # auto runs the YAML sets raw, as every stored result was; JSONL workloads are newer than the key
-                "prompts.chat_template": "auto",
-                # checks of the measurement, not part of it: at their first values a job keeps its identity
-                "trust.max_drift": 1.25, "trust.min_runs": 3}
-# Neutral only for these stages: the speed stage's k_policies existed (and was hashed) before.
-NEUTRAL_ONLY_FOR = {"stage.k_policies": ("acceptance",)}
-
-# Keys of the cost-model schema that enter the hash of a job running a cost-model arm from that schema
-# (pipeline/job_inputs.py), left out at the value of the older behaviour. The schema's earlier keys were
-# not hashed when the stored results were written; every key added since is listed here.
-ARM_POLICY_KEYS = {"free_k_min": None}
 
 # Columns added to a stage's schema after results were already stored, with the value they had then. A file
 # lacking some of them (and nothing else) is complete for its config hash: ``complete_table`` adds them.
@@ -61,11 +41,6 @@ LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["c
 
 # Loop facts of one stage's rows: filled in that stage's older files, never added to other tables.
 FILLED_WHERE_PRESENT = {"with_prompt", "merged_prefill", "replayed"}
-
-
-def hash_neutral(key: str, value: object, stage: str) -> bool:
-    """Whether ``key`` at ``value`` stays out of a ``stage`` job's hash (its value before the key existed)."""
-    return key in HASH_NEUTRAL and value == HASH_NEUTRAL[key] and stage in NEUTRAL_ONLY_FOR.get(key, (stage,))
 
 
 def later_missing(found: pa.Schema, schema: pa.Schema) -> list[str] | None:

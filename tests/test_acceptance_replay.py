@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from pipeline.jobs import output_path
-from pipeline.planning import calibrate, measured, predict_runs
+from speclab.planning import calibrate, measured, predict_runs
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
 

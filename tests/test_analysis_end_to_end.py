@@ -42,12 +42,14 @@ def test_analysis_scripts_produce_report(tmp_path, monkeypatch):
                                            "mae_empirical_overhead"}
     assert set(metrics["tiny_random"]["best_k"]) == {"all", "code", "prose", "structured"}
     text = (outputs / "report.md").read_text()
+    appendix = (outputs / "report_appendix.md").read_text()  # every full section, linked from the report
+    assert "## Speed, drafters and batches (campaign e2e)" in text
     for heading in ("## Verdict", "## Acceptance", "## Speed: predicted vs measured", "## Drafters and k policies",
                     "## Sampling: acceptance against greedy", "## Drift", "## Greedy correctness",
                     "## Sampling correctness"):
-        assert heading in text
-    assert "figure not produced" not in text
-    assert "Campaign: **e2e**" in text and "## Jobs pooled" in text
+        assert heading in appendix and f"(report_appendix.md#{report.anchor(heading[3:])}" in text
+    assert "figure not produced" not in text + appendix
+    assert "Campaign: **e2e**" in text and "## Jobs pooled" in appendix
     import pandas as pd
 
     sampled = pd.read_parquet(outputs / "analysis" / "sampled_alpha.parquet")

@@ -245,6 +245,7 @@ def _cli(tmp_path, *args):
                           env=env, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
     (("max_new_tokens=abc",), "max_new_tokens='abc' is not allowed: use an integer >= 1"),
     (("--cfg", "job", "k=0"), "k=0 is not allowed"),

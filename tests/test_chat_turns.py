@@ -201,6 +201,7 @@ def test_user_jsonl_with_two_turns_through_the_pipeline(tmp_path, counted):
     assert [p.id for p in load_prompts(str(path), ["chat", "code"], per_kind=1)] == ["1", "3"]
 
 
+@pytest.mark.slow
 def test_user_jsonl_from_the_command_line(tmp_path):
     path = _user_file(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

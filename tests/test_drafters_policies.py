@@ -57,6 +57,7 @@ def test_greedy_with_prompt_lookup_equals_plain(tiny_pair, prompt, k):
     assert spec.accepted > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", [lambda: HeuristicK(2), lambda: CostModelK(0.3, 1.0, k_min=1, decay=0.7)])
 def test_adaptive_policies_keep_output_exact(tiny_pair, policy):
     target, draft = tiny_pair
@@ -72,6 +73,7 @@ def _ks(target, draft, policy):
     return [it.k for it in res.iterations[:-1]]  # the last iteration is cut by the token budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: HeuristicK(k_start=3, k_max=10),
                                   lambda: CostModelK(0.2, 1.0, k_min=1, k_max=10, decay=0.7)])
 def test_adaptive_k_grows_on_perfect_draft_and_shrinks_on_useless(tiny_pair, make):
@@ -143,6 +145,7 @@ def test_cost_model_keeps_speculating_where_drafting_pays():
     assert p.k == 10
 
 
+@pytest.mark.slow
 def test_cost_model_with_plain_steps_keeps_output_exact(tiny_pair):
     target, useless = tiny_pair
     for prompt in PROMPTS:
@@ -165,6 +168,7 @@ def test_policy_bad_values():
         HeuristicK(k_start=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_hybrid_drafter_greedy_equals_plain_and_uses_both_sources(tiny_pair, prompt, k):
@@ -182,6 +186,7 @@ def test_hybrid_drafter_greedy_equals_plain_and_uses_both_sources(tiny_pair, pro
     assert drafter.model_iterations > 0 and drafter.lookup_iterations > 0
 
 
+@pytest.mark.slow
 def test_hybrid_drafter_keeps_the_sampling_distribution():
     """First-two-token joint of the whole loop against the exact joint by enumeration (as test_loop_sampling)."""
     import numpy as np
@@ -276,6 +281,7 @@ def test_conditioned_cost_model_is_exact_and_prices_labels_apart(tiny_pair):
         assert ("model" in labels) == isinstance(drafter, HybridDrafter)
 
 
+@pytest.mark.slow
 def test_conditioned_policy_keeps_the_sampling_distribution():
     """The label-conditioned cost model with the hybrid: the loop's first-two-token joint equals the
     target's exact joint (chi-square), so choosing k from the matched n-gram does not bias sampling."""

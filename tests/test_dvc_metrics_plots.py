@@ -1,16 +1,14 @@
-"""`dvc metrics` and `dvc plots` work on a fresh copy of the repository, and dvc.yaml's deps are complete.
+"""`dvc metrics` and `dvc plots` work on a fresh copy of the repository (dvc.yaml's code deps: test_stage_deps.py).
 
 The copy is what a clone would hold (tracked and not ignored files, one commit); the metrics and
 plot files are committed results, so no `dvc repro` is needed to show or diff them.
 """
 from __future__ import annotations
 
-import ast
 import csv
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -19,9 +17,6 @@ from test_dvc_safety import BIN, REPO, copy_repository, run
 
 DECLARED_PLOTS = {"speedup_by_k", "speedup_predicted_vs_measured", "alpha_by_k", "step_time_vs_pass_length",
                   "time_model_predicted_vs_measured"}
-ANALYSIS_MODULES = ("fit", "breakeven", "strategies", "report", "drift", "correctness", "jobs", "headline", "publish",
-                    "time_model", "recommend", "pair_section", "trees", "answer")
-LOCAL_PACKAGES = ("analysis", "speclab", "pipeline", "store")
 
 needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
 
@@ -29,66 +24,11 @@ needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not in
 def test_analysis_imports_no_torch():
     code = ("import analysis.fit, analysis.breakeven, analysis.strategies, analysis.report, analysis.drift, "
             "analysis.correctness, analysis.jobs, analysis.headline, analysis.publish, analysis.time_model, "
-            "analysis.recommend, analysis.pair_section, analysis.trees, analysis.answer, speclab.estimators; "
+            "analysis.recommend, analysis.pair_section, analysis.trees, analysis.answer, analysis.stage_deps, "
+            "speclab.estimators; "
             "import sys; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-
-
-def _module_file(name: str) -> Path | None:
-    path = REPO / Path(*name.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _local_imports(path: Path) -> set[str]:
-    """Local modules a file imports (anywhere but under `if TYPE_CHECKING:`), with their packages."""
-    tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-               for n in ast.walk(node)}
-    names = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names |= {f"{node.module}.{a.name}" for a in node.names}  # `from pkg import module`
-    out = set()
-    for name in names:
-        parts = name.split(".")
-        if parts[0] in LOCAL_PACKAGES:
-            out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-    return {n for n in out if _module_file(n)}
-
-
-def imported_files(module: str) -> set[str]:
-    """Every local source file that importing ``module`` executes (transitively, statically)."""
-    seen, todo = set(), [module, *(module.split(".")[0],)]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        todo.extend(_local_imports(_module_file(name)))
-    return {_module_file(n).relative_to(REPO).as_posix() for n in seen}
-
-
-def test_every_stage_lists_the_code_it_imports():
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    for name, stage in stages.items():
-        module = stage["cmd"].removeprefix("python -m ").split()[0]  # the module, without its options
-        needed = imported_files(module)
-        assert {"analysis/common.py", f"analysis/{name}.py"} <= needed
-        missing = needed - set(stage["deps"])
-        assert not missing, f"stage {name}: imports {sorted(missing)} but does not list them as deps"
-        unused = {d for d in stage["deps"] if d.endswith(".py")} - needed
-        assert not unused, f"stage {name}: lists {sorted(unused)} as deps but does not import them"
-    assert set(stages) >= {f"{m}" for m in ANALYSIS_MODULES}
 
 
 def test_fit_strategies_headline_read_the_drift_table():
@@ -112,6 +52,7 @@ def test_declared_plot_files_have_the_declared_fields():
                 assert {props["x"], field, "series"} <= set(header), (plot_id, header)
 
 
+@pytest.mark.slow
 @needs_dvc
 def test_metrics_and_plots_show_and_diff_in_a_fresh_copy(tmp_path):
     repo = tmp_path / "repo"

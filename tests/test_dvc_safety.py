@@ -42,6 +42,7 @@ def copy_repository(dst: Path) -> None:
         assert run(cmd, dst).returncode == 0, cmd
 
 
+@pytest.mark.slow
 def test_failed_repro_keeps_committed_outputs(tmp_path):
     repo = tmp_path / "repo"
     copy_repository(repo)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_dvc_metrics_plots import _local_imports, _module_file
+from analysis.import_graph import local_imports, module_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = tuple(p for p in ("speclab", "pipeline", "analysis", "store") if (ROOT / p / "__init__.py").is_file())
@@ -31,7 +31,7 @@ ALL = [m for p in PACKAGES for m in modules(p)]
 def imports(module: str) -> set[str]:
     """Our modules that ``module`` imports anywhere (module level or in a function), with their packages,
     but under ``if TYPE_CHECKING:``, which never runs."""
-    return (_local_imports(_module_file(module)) & set(ALL)) - {module}
+    return (local_imports(module_file(module)) & set(ALL)) - {module}
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -76,9 +76,46 @@ def _import_alone(module: str) -> tuple[str, int, str]:
     return module, res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", ["pipeline", "analysis"])
 def test_every_module_imports_alone(package):
     """Each module in a fresh interpreter: an import that only works after another module was loaded fails here."""
     with ThreadPoolExecutor(2) as pool:
         failed = [(m, err) for m, rc, err in pool.map(_import_alone, modules(package)) if rc]
     assert not failed, failed
+
+
+def reachable(module: str) -> set[str]:
+    """Every module of ours that importing ``module`` loads, following the import graph."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(imports(name))
+    return seen
+
+
+@pytest.mark.parametrize("floor,forbidden", [("analysis", "pipeline"), ("store", "pipeline"), ("store", "analysis"),
+                                             ("speclab", "pipeline"), ("speclab", "analysis")])
+def test_a_floor_never_reaches_up(floor, forbidden):
+    """analysis/ reads results through store/ and speclab's torch-free modules; the library and the store know
+    nothing of the layers above them. Computed from every module's imports, so a new module is covered."""
+    reached = {m: sorted(n for n in reachable(m) if n.split(".")[0] == forbidden) for m in modules(floor)}
+    assert not {m: r for m, r in reached.items() if r}, f"{floor}/ modules importing {forbidden}/"
+
+
+def test_the_floor_check_sees_an_import_inside_a_function():
+    assert "speclab.planning" in reachable("analysis.time_model")
+    assert "pipeline.stages" in reachable("pipeline.run")
+
+
+def test_importing_every_analysis_module_loads_no_torch():
+    names = modules("analysis")
+    code = (f"import {', '.join(names)}; import sys; "
+            "assert 'torch' not in sys.modules, 'torch was imported'; "
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'pipeline'], 'pipeline was imported'")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(names) >= 20

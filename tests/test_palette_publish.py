@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
@@ -112,6 +113,7 @@ def test_dvc_plot_files_name_kind_and_predictor():
         assert df.predictor.notna().all() and set(df.kind) <= set(KIND_COLORS)
 
 
+@pytest.mark.slow
 def test_make_publish_logs_the_analysis_run_with_the_answer(tmp_path):
     import mlflow
 

@@ -40,6 +40,7 @@ def test_acceptance_stage_several_k(tmp_path):
     assert (df.new_tokens == df.accepted + 1).all()
 
 
+@pytest.mark.slow
 def test_speed_stage_ratios_use_adjacent_runs(tmp_path):
     df, _ = _run(tmp_path, speed, "stage=speed", "stage.ks=[1,3]", "stage.rounds=2", "stage.timing_repeats=2",
                  "stage.timing_warmup=0")
@@ -129,12 +130,3 @@ def test_batch_stage_pass_times_and_adjacent_runs(tmp_path):
     assert spec.identical_to_plain.all()  # greedy: every row equals the batched plain run's row
     assert spec.layout_share.between(0, 1).all() and spec.masked_share.between(0, 1).all()
     assert set(runs[runs.batch_size == 3].prompt_ids.str.count(",")) == {2}
-
-
-def test_arm_names_give_k_only_where_the_arm_runs_it():
-    from pipeline.stages.speed import _arm_name
-
-    assert _arm_name("speculative", 4, "fixed", "model", "code") == "speculative k4 code"
-    assert _arm_name("speculative", 4, "heuristic", "model", "all") == "speculative from-k4 heuristic all"
-    assert _arm_name("recommended", 4, "cost_model", "prompt_lookup", "prose") == "recommended cost_model prompt_lookup prose"
-    assert _arm_name("hf_default", 0, "library_default", "model", "all") == "hf_default library_default all"

@@ -229,7 +229,7 @@ def _predictions(per_kind: int) -> pd.DataFrame:
 
 
 def test_plan_recommends_the_robust_configuration_unless_a_kind_passes_the_sign_test():
-    from pipeline.planning import recommend
+    from speclab.planning import recommend
 
     few = recommend(_predictions(2), samples=200, level=0.9)
     rec = few[few.recommended].set_index("kind")

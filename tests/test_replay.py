@@ -65,6 +65,7 @@ def _check(target, draft, prompt, drafter, policy, max_new, eos=None, ref=None):
     return compare(replayed, run), replayed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_replay_equals_the_loop_for_every_drafter_and_policy(pair, prompt):
     target, draft = pair
@@ -98,6 +99,7 @@ def _eos_cases(target, draft, prompt, n=30):
     return sorted({plain[i] for i in (0, 3, 6, 11, 17, 25)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["model", "perfect", "lookup", "hybrid"])
 def test_eos_inside_the_output(pair, drafter):
     target, draft = pair
@@ -135,6 +137,7 @@ def test_accepted_past_eos_needs_the_lookahead(pair):
     assert cut.steps[-1].accepted < run.iterations[-1].accepted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["model", "lookup", "hybrid"])
 def test_tight_token_budgets(pair, drafter):
     target, draft = pair

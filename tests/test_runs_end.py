@@ -96,6 +96,7 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
             f"hydra.run.dir={tmp_path}/hydra", f"hydra.sweep.dir={tmp_path}/sweep", *extra]
 
 
+@pytest.mark.slow
 def test_a_killed_job_leaves_no_run_running_after_the_rerun(tmp_path):
     db = tmp_path / "mlflow.db"
     proc = _start(tmp_path, _args(tmp_path))
@@ -111,6 +112,7 @@ def test_a_killed_job_leaves_no_run_running_after_the_rerun(tmp_path):
     assert _levels(db, "FINISHED").count("stage") == 1
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_leaves_no_run_running_after_the_rerun(tmp_path):
     db = tmp_path / "mlflow.db"
     sweep = ["-m", "k=1,2", *_args(tmp_path)]
@@ -126,6 +128,7 @@ def test_a_killed_sweep_leaves_no_run_running_after_the_rerun(tmp_path):
     assert _levels(db, "FINISHED").count("stage") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_joblib_workers_die_with_their_multirun(tmp_path):
     """An out-of-memory kill of a joblib sweep's parent: its workers end their jobs' runs and exit."""

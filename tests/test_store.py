@@ -14,6 +14,15 @@ from store.records import StageFileError, check_stage_file, open_stage_file, rea
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("x", pa.int64())])
+
+
+def config_hash(config: dict, inputs: dict | None = None) -> str:
+    """The store's hash with the keys the pipeline's schema declares hash-neutral."""
+    from pipeline.config_schema import HASH_NEUTRAL
+
+    return identity.config_hash(config, inputs, neutral=HASH_NEUTRAL)
+
+
 CONFIG = {"stage": {"name": "speed", "ks": [2, 4]}, "k": 4, "pair": {"name": "p"},
           "drafter": {"name": "model"}, "k_policy": {"name": "fixed"}}
 
@@ -28,29 +37,29 @@ def test_store_imports_no_torch_hydra_or_omegaconf():
 
 
 def test_config_hash_ignores_where_a_job_ran_and_the_code_that_runs_a_setting():
-    base = identity.config_hash(CONFIG)
+    base = config_hash(CONFIG)
     moved = {**CONFIG, "campaign": "other", "outputs_dir": "/elsewhere", "threads": 2, "force": True,
              "mlflow": {"enabled": False}}
     named = {**CONFIG, "drafter": {"_target_": "speclab.drafters.ModelDrafter", "name": "model"},
              "k_policy": {"_target_": "speclab.policies.FixedK", "name": "fixed"}}
-    assert identity.config_hash(moved) == identity.config_hash(named) == base
-    assert identity.config_hash({**CONFIG, "k": 3}) != base
-    assert identity.config_hash({**CONFIG, "drafter": {"name": "model", "target": "x"}}) != base  # only `_target_`
+    assert config_hash(moved) == config_hash(named) == base
+    assert config_hash({**CONFIG, "k": 3}) != base
+    assert config_hash({**CONFIG, "drafter": {"name": "model", "target": "x"}}) != base  # only `_target_`
 
 
 def test_config_hash_leaves_out_keys_added_later_at_their_old_value():
-    base = identity.config_hash(CONFIG)
-    assert identity.config_hash({**CONFIG, "stage": {**CONFIG["stage"], "recommended": False}}) == base
-    assert identity.config_hash({**CONFIG, "stage": {**CONFIG["stage"], "recommended": True}}) != base
+    base = config_hash(CONFIG)
+    assert config_hash({**CONFIG, "stage": {**CONFIG["stage"], "recommended": False}}) == base
+    assert config_hash({**CONFIG, "stage": {**CONFIG["stage"], "recommended": True}}) != base
     # stage.k_policies is neutral for the acceptance stage only: the speed stage hashed it before.
-    assert identity.config_hash({**CONFIG, "stage": {**CONFIG["stage"], "k_policies": []}}) != base
+    assert config_hash({**CONFIG, "stage": {**CONFIG["stage"], "k_policies": []}}) != base
 
 
 def test_config_hash_names_the_inputs_frozen_or_given():
     frozen = {**CONFIG, "inputs": {"plan": "p-aaaa"}}
-    assert identity.config_hash(CONFIG, {"plan": "p-aaaa"}) == identity.config_hash(frozen)
-    assert identity.config_hash(CONFIG, {}) == identity.config_hash(CONFIG)
-    assert identity.config_hash(CONFIG, {"plan": "p-bbbb"}) != identity.config_hash(frozen)
+    assert config_hash(CONFIG, {"plan": "p-aaaa"}) == config_hash(frozen)
+    assert config_hash(CONFIG, {}) == config_hash(CONFIG)
+    assert config_hash(CONFIG, {"plan": "p-bbbb"}) != config_hash(frozen)
 
 
 def test_pipeline_hash_of_a_composed_config_ignores_target_keys(tmp_path):

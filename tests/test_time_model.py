@@ -184,7 +184,7 @@ def _acc_rows(job: str, prompt: str = "p0") -> "pd.DataFrame":
 def test_runs_of_two_jobs_never_merge_into_one_trace():
     import pandas as pd
 
-    from pipeline.planning import traces
+    from speclab.planning import traces
 
     assert len(traces(pd.concat([_acc_rows("a"), _acc_rows("b", "p1")]))) == 2
     with pytest.raises(ValueError, match="acceptance rows of 2 jobs describe one run"):

@@ -11,7 +11,7 @@ from pipeline.config_schema import ConfigError, check_config
 from pipeline.run import run_parts
 from pipeline.jobs import output_path
 from pipeline.stages import speed, timing
-from pipeline.trees import FAMILIES, parse_tree
+from speclab.tree_specs import FAMILIES, parse_tree
 from pipeline_helpers import make_cfg
 from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
 from speclab.tree_time import CostCurve, parse_counts, predicted_speedup
@@ -171,7 +171,7 @@ def test_acceptance_and_plan_rank_trees_beside_chains(tmp_path):
     assert len(full) and (full.accepted == 2).all() and (full.draft_call_width == 2).all()
     chains = acc[~acc.drafter.str.startswith("tree:")]
     assert (chains.tree_nodes == 0).all() and (chains.draft_call_width == 1).all()
-    from pipeline.planning import traces
+    from speclab.planning import traces
 
     runs = {key[2]: tr for key, tr, _ in traces(acc[acc.prompt_id == acc.prompt_id.iloc[0]])}
     assert runs["tree:static:2-1"].tree and not runs["model"].tree and runs["model"].nodes is None

@@ -181,6 +181,7 @@ DRAFTERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(DRAFTERS))
 def test_tree_sampling_loop_matches_exact_joint(models, kind):
     target, draft = models
@@ -194,6 +195,7 @@ def test_tree_sampling_loop_matches_exact_joint(models, kind):
     assert (first.draws is not None) == (kind == "static")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(DRAFTERS))
 def test_tree_sampling_loop_with_fixed_p_rule_is_detected(models, kind):
     target, draft = models
@@ -202,6 +204,7 @@ def test_tree_sampling_loop_with_fixed_p_rule_is_detected(models, kind):
     assert chi_square(counts, joint).pvalue < 1e-6
 
 
+@pytest.mark.slow
 def test_tree_sampling_loop_with_top_k_and_temperature(models):
     target, draft = models
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=4)

@@ -75,16 +75,19 @@ def test_load_sampler_tags_max_and_median(monkeypatch):
 # ---- the limits are config, at the analysis's values, and leave earlier jobs' hashes alone ---------------
 
 def test_drift_limit_agrees_with_the_analysis_and_is_hash_neutral(tmp_path):
-    from store.compat import HASH_NEUTRAL
+    from pipeline.config_schema import HASH_NEUTRAL
 
     cfg = make_cfg(tmp_path, "stage=speed")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert cfg.trust.max_drift == params["drift"]["max_ratio"]
-    assert HASH_NEUTRAL["trust.max_drift"] == cfg.trust.max_drift
-    assert HASH_NEUTRAL["trust.min_runs"] == cfg.trust.min_runs
+    assert HASH_NEUTRAL["trust.max_drift"].value == cfg.trust.max_drift
+    assert HASH_NEUTRAL["trust.min_runs"].value == cfg.trust.min_runs
     from omegaconf import OmegaConf
 
-    from store.identity import config_hash as identity_hash
+    from store.identity import config_hash
+
+    def identity_hash(config: dict) -> str:
+        return config_hash(config, neutral=HASH_NEUTRAL)
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     before = {k: v for k, v in plain.items() if k != "trust"}  # a config from before the knobs

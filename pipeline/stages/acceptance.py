@@ -7,7 +7,8 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext, job_k_max
-from pipeline.trees import is_tree, job_tree_drafter, parse_tree
+from pipeline.trees import job_tree_drafter
+from speclab.tree_specs import is_tree, parse_tree
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, ks_label, run_name, sampling_config, stage_ks

@@ -23,6 +23,7 @@ from pipeline.stages.common import (
     IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, generator, identity, memory_columns, rotated, run_name,
     INTERVAL_NOTE, min_runs, sampling_config, speedup_metrics, speedup_text,
 )
+from speclab.arms import OWN, PLAIN, Arm, Job, expand_all
 from speclab.batch import BatchResult, batch_plain_generate, batch_speculative_generate
 from speclab.step_costs import pass_times
 
@@ -83,12 +84,14 @@ def run(ctx: StageContext) -> StageOutput:
     n_new = int(cfg.max_new_tokens)
     log.info(f"batch: pass times over B x n new tokens (B = {list(st.batch_sizes)})")
     rows = [{**identity(ctx), "round": int(cfg.round), "rotation": int(cfg.rotation), **r} for r in _pass_rows(ctx)]
-    arms = [("plain", 0)] + [("speculative", int(k)) for k in st.ks]
+    # Plain and the job's drafter and k policy at each k (the speed stage's default arms).
+    job = Job(str(cfg.drafter.name), str(cfg.k_policy.name), tuple(int(k) for k in st.ks), int(cfg.k))
+    arms = expand_all([OWN], job)
     order_base = [int(b) for b in st.batch_sizes]
     prompts = ctx.prompts
     # Warm-up: one small batch through every arm (first calls allocate and pick kernels).
-    for arm, k in arms:
-        _generate(ctx, arm, k, [ctx.inputs[p.id] for p in prompts[:2]], min(n_new, 8), sampling, gen)
+    for arm in arms:
+        _generate(ctx, arm, [ctx.inputs[p.id] for p in prompts[:2]], min(n_new, 8), sampling, gen)
     block = 0
     for r in range(int(st.rounds)):
         for b in order_base:
@@ -98,30 +101,30 @@ def run(ctx: StageContext) -> StageOutput:
                 group = [prompts[(s + i) % len(prompts)] for i in range(b)]
                 ids = [ctx.inputs[p.id] for p in group]
                 order = rotated(arms, cfg, block)
-                results = {a: _generate(ctx, a[0], a[1], ids, n_new, sampling, gen) for a in order}
-                plain = results[("plain", 0)]
+                results = {a: _generate(ctx, a, ids, n_new, sampling, gen) for a in order}
+                plain = results[PLAIN]
                 mem = memory_columns(ctx)
                 for a in order:
                     res = results[a]
                     rows.append({**identity(ctx), "measure": "run", "round": int(cfg.round) + r,
                                  "rotation": int(cfg.rotation), "batch_size": b, "block": block,
                                  "prompt_ids": ",".join(p.id for p in group),
-                                 "kinds": ",".join(sorted({p.kind for p in group})), "arm": a[0],
-                                 "position": order.index(a), "k": a[1], "do_sample": sampling.do_sample,
+                                 "kinds": ",".join(sorted({p.kind for p in group})), "arm": a.method,
+                                 "position": order.index(a), "k": a.columns()["k"], "do_sample": sampling.do_sample,
                                  "context_len": int(max(x.shape[-1] for x in ids)),
                                  **_run_columns(res), "ratio_to_adjacent_plain": res.tokens_per_s / plain.tokens_per_s,
                                  "identical_to_plain": res.tokens == plain.tokens,
-                                 "merged_prefill": a[0] != "plain" and bool(cfg.merge_prefill), **mem})
+                                 "merged_prefill": a != PLAIN and bool(cfg.merge_prefill), **mem})
                 block += 1
     df = pd.DataFrame(rows, columns=SCHEMA.names)
     return summarize(df, cfg)
 
 
-def _generate(ctx: StageContext, arm: str, k: int, ids: list, n_new: int, sampling, gen) -> BatchResult:
+def _generate(ctx: StageContext, arm: Arm, ids: list, n_new: int, sampling, gen) -> BatchResult:
     pair = ctx.pair
-    if arm == "plain":
+    if arm == PLAIN:
         return batch_plain_generate(pair.target, ids, n_new, sampling, pair.eos_token_id, gen)
-    s = ctx.strategy(k)  # the job's drafter and k policy (default: the draft model, k fixed), new for each run
+    s = ctx.strategy(arm.k, arm.drafter, arm.k_policy)  # a new drafter and k policy for each run
     return batch_speculative_generate(pair.target, s.drafter, ids, n_new, s.policy, sampling, pair.eos_token_id, gen,
                                       merge_prefill=bool(ctx.cfg.merge_prefill))
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from pipeline.context import StageContext
 from pipeline.jobs import output_path
 from store.records import make_schema
-from pipeline.planning import calibrate, predict_runs, recommend
+from speclab.planning import calibrate, predict_runs, recommend
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name
 

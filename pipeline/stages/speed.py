@@ -14,7 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.trees import is_tree, job_tree_drafter, parse_tree
+from pipeline.trees import job_tree_drafter
+from pipeline.job_arms import stage_entries
+from speclab.arms import PLAIN, RECOMMENDED, Arm, Job, expand_all, needs
+from speclab.tree_specs import is_tree
 from pipeline.job_inputs import find_best_fixed, latest_plan_file
 from store.best_fixed import BestFixed
 from store.records import make_schema
@@ -112,61 +115,16 @@ def prompt_s(res: GenerationResult) -> float:
     return res.prefill_s + sum(i.total_s for i in res.iterations if i.with_prompt)
 
 
-# transformers' generate() as peer arms: matched to our loop (constant k, no threshold), with the
-# library's defaults, and its prompt lookup.
-PEER_ARMS = {"matched": "hf_assisted", "default": "hf_default", "lookup": "hf_lookup"}
-PEER_MODES_BY_ARM = {arm: mode for mode, arm in PEER_ARMS.items()}
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One compared configuration of a speed job: ``method`` is plain, speculative, recommended or a peer
-    arm (``PEER_ARMS``); ``k`` a fixed k or where an adaptive policy starts, None where the arm has no k
-    of ours (plain decoding, the library's own schedule, the recommended arm before a prompt's kind
-    picks the plan's configuration). Its Parquet columns write no k as 0."""
-
-    method: str
-    k: int | None = None
-    k_policy: str = "none"
-    drafter: str = "none"
-
-    @property
-    def ours(self) -> bool:
-        """Run by our loop with a drafter and k policy of the config (not plain, not a peer, not the plan's yet)."""
-        return self.method in ("speculative", "recommended") and self.drafter not in ("none", "plan")
-
-    def columns(self) -> dict:
-        return {"k": self.k or 0, "k_policy": self.k_policy, "drafter": self.drafter}
-
-
-PLAIN = Arm("plain")
-RECOMMENDED = Arm("recommended", None, "plan", "plan")  # the plan's choice for the prompt's kind
-
-
-def arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
-    """Plain, speculative at each fixed k, each adaptive k policy, the other drafters, the plan's
-    recommendation and (optionally) the peer."""
-    st, default, drafter = ctx.cfg.stage, str(ctx.cfg.k_policy.name), str(ctx.cfg.drafter.name)
-    out = [PLAIN]
-    if st.best_fixed:  # the exploratory check's best, named now: it replaces the job's own k arms
-        best = campaign_best_fixed(ctx.cfg)
-        out.append(Arm("speculative", best.k, "fixed", best.drafter))
-    else:
-        out += [Arm("speculative", k, default, drafter) for k in ks]
-    out += [Arm("speculative", int(ctx.cfg.k), str(p), drafter) for p in st.k_policies if p != default]
-    out += [Arm("speculative", k, "fixed", str(d)) for d in st.drafters if d != drafter
-            for k in [int(x) for x in st.drafter_ks] or ks]
-    # Tree arms: the shape fixes the proposals (k is its depth).
-    out += [Arm("speculative", spec.depth, "fixed", spec.drafter) for spec in map(parse_tree, st.trees)]
-    if st.recommended:
-        out.append(RECOMMENDED)
-    if st.peer:
-        for mode in st.peer_modes:
-            method = PEER_ARMS[mode]
-            # The library's default schedule picks its own number of proposals.
-            out += ([Arm(method, None, "library_default", "model")] if mode == "default" else
-                    [Arm(method, k, "fixed", "prompt_lookup" if mode == "lookup" else "model") for k in ks])
-    return out
+def job_arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
+    """Plain, then the arms of each ``stage.arms`` entry (speclab.arms), in order."""
+    cfg = ctx.cfg
+    entries = stage_entries(cfg)
+    job = Job(str(cfg.drafter.name), str(cfg.k_policy.name), tuple(ks), int(cfg.k))
+    best = None
+    if needs(entries, "best_fixed"):  # the exploratory check's best, named now
+        found = campaign_best_fixed(cfg)
+        best = (found.drafter, found.k)
+    return expand_all(entries, job, best)
 
 
 def resolve(arm: Arm, kind: str, plan: dict[str, Arm] | None) -> Arm:
@@ -180,7 +138,7 @@ def resolve(arm: Arm, kind: str, plan: dict[str, Arm] | None) -> Arm:
 def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, float, dict]:
     pair = ctx.pair
     n_new, sampling = int(ctx.cfg.max_new_tokens), sampling_config(ctx.cfg)
-    if is_tree(arm.drafter):
+    if arm.is_tree:
         r = tree_generate(pair.target, job_tree_drafter(ctx.cfg, arm.drafter, pair.draft), ids, n_new, sampling,
                           pair.eos_token_id, gen,
                           merge_prefill=bool(ctx.cfg.merge_prefill))
@@ -191,10 +149,10 @@ def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, fl
                                  eos_token_id=pair.eos_token_id, generator=gen,
                                  merge_prefill=bool(ctx.cfg.merge_prefill))
         return r.tokens, r.wall_s, prompt_s(r), _breakdown(r)
-    if arm.method not in PEER_MODES_BY_ARM:  # plain, or a plan that recommends not speculating
+    mode = arm.peer_mode
+    if not mode:  # plain, or a plan that recommends not speculating
         r = plain_generate(pair.target, ids, n_new, sampling, pair.eos_token_id, gen)
         return r.tokens, r.wall_s, r.prefill_s, _breakdown(r)
-    mode = PEER_MODES_BY_ARM[arm.method]
     toks, wall = hf_generate(pair.target, ids, n_new, assistant=None if mode == "lookup" else pair.draft,
                              k=arm.k or 0, sampling=sampling, eos_token_id=pair.eos_token_id, mode=mode)
     return toks, wall, float("nan"), _breakdown(GenerationResult(toks, ids.shape[1], wall, float("nan")))
@@ -203,19 +161,19 @@ def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, fl
 def run(ctx: StageContext) -> StageOutput:
     cfg, st = ctx.cfg, ctx.cfg.stage
     ks, sampling = stage_ks(cfg), sampling_config(cfg)
-    names = arms(ctx, ks)
+    names = job_arms(ctx, ks)
     plan = latest_plan(ctx.cfg) if RECOMMENDED in names else None
     runs = [*names, *(plan or {}).values()]
     gen = generator(ctx)
     for arm in runs:  # a price table an adaptive policy (the job's or the plan's) reads: measured before the runs
-        if arm.ours and not is_tree(arm.drafter):
+        if arm.ours and not arm.is_tree:
             ctx.prices(arm.k_policy)
     # A tree arm's passes take masks and widths no chain ran: each is warmed up too.
-    warm = names[:2] + [arm for arm in names[2:] if is_tree(arm.drafter)]
+    warm = names[:2] + [arm for arm in names[2:] if arm.is_tree]
     log.info("speed: warm-up (plain, the first speculative arm and every tree arm on one prompt)")
     for arm in tqdm(warm, desc="speed warm-up", leave=False):
         run_arm(ctx, arm, ctx.inputs[ctx.prompts[0].id], gen)
-    arm_ks = sorted({arm.k for arm in runs if arm.k and not is_tree(arm.drafter)})
+    arm_ks = sorted({arm.k for arm in runs if arm.k and not arm.is_tree})
     log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
     before = step_times(ctx, arm_ks, "step times before")
     rows, block = [], 0
@@ -253,17 +211,17 @@ def run(ctx: StageContext) -> StageOutput:
 
 
 def describe(cfg: DictConfig) -> str:
-    st = cfg.stage
+    entries = stage_entries(cfg)
     # The best fixed configuration's k is the exploratory check's, not the job's.
-    return run_name(cfg, "speed", ["best-fixed"] if st.best_fixed else [ks_label(stage_ks(cfg))],
-                    ["+recommended"] if st.recommended else [])
+    return run_name(cfg, "speed", ["best-fixed"] if needs(entries, "best_fixed") else [ks_label(stage_ks(cfg))],
+                    ["+recommended"] if needs(entries, "recommended") else [])
 
 
 def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
     """kind -> the recommended configuration of this pair's most recent plan in this campaign."""
     plan = latest_plan_file(cfg)
     if plan is None:
-        raise ValueError(f"stage.recommended=true needs a plan for pair {cfg.pair.name} in campaign {cfg.campaign}: "
+        raise ValueError(f"a recommended arm (stage.arms) needs a plan for pair {cfg.pair.name} in campaign {cfg.campaign}: "
                          f"run `python -m pipeline.run +sweep=plan campaign={cfg.campaign}` first")
     rec = pd.read_parquet(plan)
     rec = rec[rec.recommended]
@@ -275,25 +233,15 @@ def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
     """The best fixed configuration of this pair's exploratory checks in this campaign."""
     best, frozen = find_best_fixed(cfg), OmegaConf.select(cfg, "inputs.best_fixed")
     if best is not None and frozen is not None and frozen != f"{best.drafter} k={best.k}":
-        raise ValueError(f"stage.best_fixed: the exploratory check's best changed from {frozen} to {best.drafter} "
+        raise ValueError(f"the best_fixed arm: the exploratory check's best changed from {frozen} to {best.drafter} "
                          f"k={best.k} since this job started (another job wrote speed results): rerun it")
     if best is None:
-        raise ValueError(f"stage.best_fixed=true needs an exploratory check of pair {cfg.pair.name} in campaign "
+        raise ValueError(f"a best_fixed arm (stage.arms) needs an exploratory check of pair {cfg.pair.name} in campaign "
                          f"{cfg.campaign} (the recommended arm beside two or more fixed configurations): run "
                          f"`python -m pipeline.run +sweep=check_plan campaign={cfg.campaign}` first")
     log.info(f"speed: best fixed configuration of the exploratory check: {best.drafter} k={best.k} "
              f"(speed-up {best.speedup:.3f}, best of {best.configs} over {best.blocks} blocks)")
     return best
-
-
-def _arm_name(method: str, k: int, policy: str, drafter: str, kind: str) -> str:
-    if is_tree(drafter):
-        return f"{method} {drafter} {kind}"
-    # An adaptive policy's k is where it starts (the heuristic) or nothing at all (the cost model, the
-    # library's schedule): naming it "k4" would file it beside fixed k = 4 in MLflow's compare view.
-    ks = [f"k{k}"] if policy == "fixed" else [f"from-k{k}"] if policy == "heuristic" else []
-    return " ".join([method, *ks, *([policy] if policy != "fixed" else []),
-                     *([drafter] if drafter not in ("model", "none") else []), kind])
 
 
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
@@ -307,7 +255,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                                                                            sort=False):
         for kind, s in by_kind(sub):
             arms.append(ArmResult(
-                _arm_name(method, int(k), policy, drafter, kind),
+                Arm(method, int(k) or None, policy, drafter).run_name(kind),
                 {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
                  "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
                  "top_p": float(s.top_p.iloc[0])},
@@ -315,7 +263,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
-                 **({"tree_nodes": s.tree_nodes.mean()} if is_tree(drafter) else {})}))
+                 **({"tree_nodes": s.tree_nodes.mean()} if Arm.from_row(s.iloc[0]).is_tree else {})}))
     drift = max(max(a / b, b / a) for a, b in zip(after, before))
     metrics = {"plain_tokens_per_s": plain.tokens_per_s.median(), "identical_share": spec.identical_to_plain.mean(),
                "drift_ratio": drift,

@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.trees import FAMILIES, is_tree, parse_tree
+from speclab.arms import drafter_looks_up, drafter_runs_model
 from speclab.estimators import alpha_hat
+from speclab.stats import bootstrap_interval
 from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop
+from speclab.tree_specs import is_tree
 
 RUN_KEYS = ["prompt_id", "kind", "drafter", "k_policy", "k"]
 CONFIG_KEYS = ["drafter", "k_policy", "k"]
@@ -39,10 +41,7 @@ def tree_pass_model(timing: pd.DataFrame) -> PassModel | None:
 
 def drafter_parts(drafter: str) -> tuple[bool, bool]:
     """Whether a drafter runs a draft model and whether it looks up n-grams every iteration."""
-    if is_tree(drafter):
-        family = parse_tree(drafter).family
-        return FAMILIES[family].uses_model, family == "lookup"
-    return drafter in ("model", "hybrid"), drafter in ("prompt_lookup", "hybrid")
+    return drafter_runs_model(drafter), drafter_looks_up(drafter)
 
 
 def measured(acc: pd.DataFrame) -> pd.DataFrame:
@@ -129,13 +128,8 @@ def predict_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) 
 def bootstrap_median(values: np.ndarray, samples: int, level: float, seed: int = 0) -> tuple[float, float, float]:
     """Median and its percentile bootstrap interval over the given values (one per prompt)."""
     values = np.asarray(values, float)
-    med = float(np.median(values))
-    if len(values) < 2:
-        return med, med, med
-    rng = np.random.default_rng(seed)
-    meds = np.median(rng.choice(values, (samples, len(values)), replace=True), axis=1)
-    lo, hi = np.quantile(meds, [(1 - level) / 2, (1 + level) / 2])
-    return med, float(lo), float(hi)
+    lo, hi = bootstrap_interval(values, np.median, level, samples, seed)
+    return float(np.median(values)), lo, hi
 
 
 PLAIN = {"drafter": "none", "k_policy": "none", "k": 0}  # no speculation: the baseline itself

@@ -1,0 +1,126 @@
+"""Arms as data (speclab/arms.py): entries expand into the arms a speed job runs, stored rows read back into the
+same arms with the same labels, one place says whether an arm runs the draft model, and the flags that came
+before translate both ways without changing a job's identity (store/legacy_arms.py)."""
+from __future__ import annotations
+
+import pytest
+
+from speclab.arms import (PLAIN, RECOMMENDED, Arm, ArmEntry, Job, drafter_looks_up, drafter_runs_model, entry,
+                          expand_all, needs)
+from store.legacy_arms import FLAGS, arms_from_flags, effective_arms, flags_from_arms, identity_stage
+
+JOB = Job(drafter="model", k_policy="fixed", ks=(2, 4), k=4)
+
+
+def test_the_job_own_entry_runs_its_drafter_and_policy_at_the_stage_ks():
+    assert expand_all([{}], JOB) == [PLAIN, Arm("speculative", 2, "fixed", "model"), Arm("speculative", 4, "fixed", "model")]
+
+
+def test_each_kind_of_entry_expands_to_its_arms_in_order():
+    entries = [{}, {"k_policy": "cost_model"}, {"drafter": "prompt_lookup", "k_policy": "fixed", "ks": [3]},
+               {"tree": "static:2-1"}, {"method": "recommended"}, {"method": "hf_default"},
+               {"method": "hf_lookup"}, {"method": "best_fixed"}]
+    arms = expand_all(entries, JOB, best=("hybrid", 6))
+    assert arms == [PLAIN, Arm("speculative", 2, "fixed", "model"), Arm("speculative", 4, "fixed", "model"),
+                    Arm("speculative", 4, "cost_model", "model"),  # an adaptive policy starts at the top-level k
+                    Arm("speculative", 3, "fixed", "prompt_lookup"),
+                    Arm("speculative", 2, "fixed", "tree:static:2-1"), RECOMMENDED,
+                    Arm("hf_default", None, "library_default", "model"),
+                    Arm("hf_lookup", 2, "fixed", "prompt_lookup"), Arm("hf_lookup", 4, "fixed", "prompt_lookup"),
+                    Arm("speculative", 6, "fixed", "hybrid")]
+    assert needs(entries, "best_fixed") and needs(entries, "recommended") and not needs([{}], "recommended")
+
+
+def test_an_arm_listed_twice_runs_once():
+    assert expand_all([{}, {"ks": [4]}], JOB) == expand_all([{}], JOB)
+
+
+@pytest.mark.parametrize("bad,word", [({"method": "fast"}, "method='fast'"), ({"ks": []}, "ks=[]"),
+                                      ({"ks": [0]}, "ks=[0]"), ({"colour": 1}, "colour"),
+                                      ({"tree": "oak:1"}, "oak")])
+def test_a_bad_entry_is_one_line_naming_it(bad, word):
+    with pytest.raises(ValueError) as err:
+        entry(bad)
+    assert word in str(err.value) and "\n" not in str(err.value)
+
+
+def test_best_fixed_needs_the_campaigns_best():
+    with pytest.raises(ValueError, match="best fixed"):
+        expand_all([{"method": "best_fixed"}], JOB)
+
+
+def test_one_place_says_which_arms_run_the_draft_model():
+    assert drafter_runs_model("model") and drafter_runs_model("hybrid") and not drafter_runs_model("prompt_lookup")
+    assert drafter_runs_model("tree:static:2-1") and not drafter_runs_model("tree:lookup:4-6")
+    assert drafter_looks_up("hybrid") and drafter_looks_up("tree:lookup:4-6") and not drafter_looks_up("model")
+    assert Arm("hf_default", None, "library_default", "model").runs_draft_model
+    assert not Arm("hf_lookup", 4, "fixed", "prompt_lookup").runs_draft_model and not PLAIN.runs_draft_model
+
+
+def test_a_stored_row_reads_back_into_its_arm_and_labels():
+    row = {"arm": "recommended", "k": 0, "k_policy": "cost_model", "drafter": "prompt_lookup"}
+    arm = Arm.from_row(row)
+    assert arm == Arm("recommended", None, "cost_model", "prompt_lookup") and arm.columns()["k"] == 0
+    assert arm.label == "prompt lookup cost-model k (plan)" and arm.key == "recommended prompt_lookup cost_model"
+    assert Arm("speculative", 4, "fixed", "model").label == "draft model k=4"
+    assert Arm("speculative", 4, "fixed", "model").key == "speculative model k=4"
+    assert Arm("speculative", 3, "fixed", "tree:static:2-1-1").label == "tree static:2-1-1"
+    assert Arm("hf_default", None, "library_default", "model").label == "transformers default"
+
+
+def test_run_names_give_k_only_where_the_arm_runs_it():
+    assert Arm("speculative", 4, "fixed", "model").run_name("code") == "speculative k4 code"
+    assert Arm("speculative", 4, "heuristic", "model").run_name("all") == "speculative from-k4 heuristic all"
+    assert Arm("recommended", 4, "cost_model", "prompt_lookup").run_name("prose") == \
+        "recommended cost_model prompt_lookup prose"
+    assert Arm("hf_default", None, "library_default", "model").run_name("all") == "hf_default library_default all"
+    assert Arm("speculative", 3, "fixed", "tree:static:2-1-1").run_name("all") == "speculative tree:static:2-1-1 all"
+
+
+# ---- the flags that came before ----------------------------------------------------------------------------
+PRESET_FLAGS = [
+    {},  # every speed job's default
+    {"k_policies": ["cost_model"], "drafters": ["prompt_lookup", "hybrid"], "drafter_ks": [1, 2, 3],
+     "recommended": True, "peer": True, "peer_modes": ["default"]},  # check_plan
+    {"best_fixed": True, "recommended": True, "peer": True, "peer_modes": ["default"]},  # confirm_plan
+    {"drafters": ["prompt_lookup"], "drafter_ks": [4], "trees": ["static:2-1-1", "lookup:4-6"]},  # trees
+    {"peer": True, "peer_modes": ["matched", "default", "lookup"]},
+]
+
+
+@pytest.mark.parametrize("flags", PRESET_FLAGS)
+def test_flags_translate_to_arms_and_back(flags):
+    arms = arms_from_flags(flags, "model", "fixed")
+    assert flags_from_arms(arms, "model", "fixed") == {**FLAGS, **flags}
+
+
+def test_a_list_flags_cannot_express_keeps_its_own_identity():
+    arms = [{"drafter": "prompt_lookup", "ks": [2]}, {}]  # the job's own arms second: no flags ran that order
+    assert flags_from_arms(arms, "model", "fixed") is None
+    stage = identity_stage({"name": "speed", "arms": arms}, "model", "fixed")
+    assert "arms" in stage and not set(FLAGS) & set(stage)
+
+
+def test_the_hash_sees_the_flags_of_an_expressible_list():
+    stage = identity_stage({"name": "speed", "ks": [4], "arms": [{}]}, "model", "fixed")
+    assert stage == {"name": "speed", "ks": [4], **FLAGS}
+
+
+def test_a_recorded_flag_applies_to_the_presets_list_and_keeps_the_flags_identity():
+    preset = arms_from_flags(PRESET_FLAGS[1], "model", "fixed")
+    stage = {"name": "speed", "arms": preset, **dict.fromkeys(FLAGS), "peer": False}
+    assert not any(a["method"] == "hf_default" for a in effective_arms(stage, "model", "fixed"))
+    # the peer's mode was hashed though the peer did not run: the hash still sees it
+    assert identity_stage(stage, "model", "fixed") == {"name": "speed", **FLAGS, **PRESET_FLAGS[1], "peer": False}
+    stage = {"name": "speed", "arms": preset, **dict.fromkeys(FLAGS), "drafter_ks": [2, 4]}
+    assert [a["ks"] for a in effective_arms(stage, "model", "fixed") if a["drafter"]] == [[2, 4], [2, 4]]
+    assert effective_arms({"arms": preset, **dict.fromkeys(FLAGS)}, "model", "fixed") == preset
+
+
+def test_flags_on_a_list_they_cannot_express_are_refused():
+    with pytest.raises(ValueError, match="cannot take the flags"):
+        effective_arms({"arms": [{"ks": [2]}, {}], "peer": True}, "model", "fixed")
+
+
+def test_entries_default_to_the_job():
+    assert ArmEntry() == entry({})
