@@ -1,5 +1,5 @@
 # `make run` sets everything up and runs the main job on the embedded default pair;
-# `make test` runs the test suite. Both create .venv when it is missing.
+# `make test` runs the fast test tier, `make test-all` the whole suite (CI). Both create .venv when it is missing.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin

@@ -8,7 +8,7 @@ The run goes to the experiment and tracking store of params.yaml's ``mlflow:`` s
 ``stage=analysis`` and ``campaign`` (MLflow adds ``mlflow.source.git.commit``), described by the answer on
 one screen (analysis.answer; the report's first screen), with params.yaml
 flattened as params, headline.json's numbers as metrics (the dotted keys `dvc metrics show` prints),
-every figure and report.md as artifacts, and the key tables through ``mlflow.log_table``.
+every figure, report.md and its appendix as artifacts, and the key tables through ``mlflow.log_table``.
 
 Logging is a side effect, not a DVC output: this stage writes nothing into the workspace, so a
 second `dvc repro` does nothing and logs nothing. An unreachable store (3-second probe for http
@@ -49,7 +49,7 @@ def publish(params: dict) -> str | None:
         print(f"analysis.publish: MLflow run not logged ({problem})")
         return None
     figs, metrics_dir = Path(params["figures_dir"]), Path(params["metrics_dir"])
-    report = Path(params["outputs_dir"]) / "report.md"
+    reports = [Path(params["outputs_dir"]) / name for name in ("report.md", "report_appendix.md")]
     headline = metrics_dir / "headline.json"
     try:
         with quick_http():
@@ -83,7 +83,7 @@ def publish(params: dict) -> str | None:
                     client.log_artifact(run_id, str(headline), "metrics")
                 for png in sorted(figs.glob("*.png")):
                     client.log_artifact(run_id, str(png), "figures")
-                if report.exists():
+                for report in (r for r in reports if r.exists()):
                     client.log_artifact(run_id, str(report))
                 for name in TABLES:
                     table = read_table(params["analysis_dir"], name)

@@ -348,7 +348,8 @@ class TrustConf:
     """Job-time trust checks of speed, batch and timing jobs (pipeline/trust.py): a failed one is a console
     warning, a line in the MLflow description, the tag trust=<checks> and the Parquet columns trust /
     trust_detail. Checks of the measurement, not part of it: at their first values a job keeps its identity."""
-    max_drift: float = setting(DRIFT_LIMIT, number_in(1, float("inf"), lo_open=True), neutral=DRIFT_LIMIT,
+    # neutral: the limit every job ran under before the key existed, whatever the default becomes
+    max_drift: float = setting(DRIFT_LIMIT, number_in(1, float("inf"), lo_open=True), neutral=1.25,
                                doc="before/after step times differing by more than this factor")
     min_runs: int = setting(3, int_at_least(1), neutral=3,
                             doc="fewer runs per arm (repeats per timing) than this give no interval")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from speclab.tree_specs import FAMILIES, PREFIX as TREE_PREFIX, is_tree, parse_tree
 
@@ -151,14 +151,15 @@ class ArmEntry:
     - ``k_policy``: fixed, cost_model or heuristic; null: the job's ``k_policy``.
     - ``ks``: one arm per k; null: ``stage.ks`` (the top-level k when empty) for a fixed k or the job's own
       policy, the top-level k where another adaptive policy starts.
-    - ``tree``: a tree shape (``static:3-2-1-1``, ``dynamic:5-4-16``, ``lookup:4-6``): one arm, k its depth.
+    - ``tree``: a tree shape, as data (``{family: static, branching: [3, 2, 1, 1]}``) or a short spec
+      (``static:3-2-1-1``, ``dynamic:5-4-16``, ``lookup:4-6``): one arm, k its depth.
     """
 
     method: str = "speculative"
-    drafter: str | None = None
-    k_policy: str | None = None
-    ks: list[int] | None = None
-    tree: str | None = None
+    drafter: Optional[str] = None
+    k_policy: Optional[str] = None
+    ks: Optional[list[int]] = None
+    tree: Any = None
 
 
 ENTRY_METHODS = ("speculative", "recommended", "best_fixed", *PEER_METHODS.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +77,12 @@ class TreeSpec:
         return len(self.args["branching"]) if self.family == "static" else int(self.args["depth"])
 
 
-def parse_tree(spec: str) -> TreeSpec:
-    """A ``stage.trees`` entry (or a ``tree:`` drafter column) as a family and its arguments; one-line errors."""
+def parse_tree(spec: str | Mapping[str, Any]) -> TreeSpec:
+    """A tree shape as a family and its arguments; one-line errors. ``spec`` is a short spec (a ``stage.trees``
+    entry, a ``tree:`` drafter column) or the same as data: ``{family: static, branching: [3, 2, 1, 1]}``,
+    ``{family: dynamic, depth: 5, topk: 4, nodes: 16}`` (a missing number takes the class's default)."""
+    if isinstance(spec, Mapping):
+        return _tree_from_data(spec)
     text = str(spec).removeprefix(PREFIX)
     family, _, numbers = text.partition(":")
     if family not in FAMILIES:
@@ -108,3 +113,22 @@ def make_tree_drafter(spec: TreeSpec, draft_model: Any, ngram: dict | None = Non
     fam = FAMILIES[spec.family]
     extra = {"model": draft_model} if fam.uses_model else dict(ngram or {})
     return fam.cls(**extra, **spec.args)
+
+
+def _tree_from_data(data: Mapping[str, Any]) -> TreeSpec:
+    family = data.get("family")
+    if family not in FAMILIES:
+        raise ValueError(f"tree {dict(data)} is not allowed: its family is one of {sorted(FAMILIES)}, e.g. "
+                         "{family: static, branching: [3, 2, 1, 1]}")
+    fam = FAMILIES[family]
+    names = ("branching",) if fam.listed else fam.numbers
+    unknown = set(data) - {"family", *names}
+    if unknown:
+        raise ValueError(f"tree {dict(data)} is not allowed: a {family} tree takes {list(names)}, not {sorted(unknown)}")
+    if fam.listed:
+        numbers = list(data.get("branching") or fam.default("branching"))
+    else:
+        numbers = [data.get(n, fam.default(n)) for n in names]
+    if not numbers or any(isinstance(v, bool) or not isinstance(v, int) for v in numbers):
+        raise ValueError(f"tree {dict(data)} is not allowed: its numbers are integers >= 1 ({', '.join(names)})")
+    return parse_tree(f"{family}:{'-'.join(map(str, numbers))}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from speclab.tree_specs import parse_tree
+
 FLAGS: dict[str, Any] = {"peer": False, "peer_modes": ["matched"], "k_policies": [], "drafters": [],
                          "drafter_ks": [], "recommended": False, "best_fixed": False, "trees": []}
 PEER_METHODS = {"matched": "hf_assisted", "default": "hf_default", "lookup": "hf_lookup"}
@@ -22,10 +24,18 @@ def _entry(method: str = "speculative", **given: Any) -> dict[str, Any]:
     return {"method": method, **{k: given.get(k) for k in ENTRY_KEYS[1:]}}
 
 
+def _value(e: Mapping[str, Any], key: str) -> Any:
+    value = e.get(key, "speculative" if key == "method" else None)
+    if key == "ks" and value is not None:
+        return list(value)
+    if key == "tree" and isinstance(value, Mapping):  # a shape as data names the job as its short spec does
+        return parse_tree(value).label
+    return value
+
+
 def normalized(arms: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Entries with every key (absent ones null), lists as lists."""
-    return [{k: (list(e[k]) if k == "ks" and e.get(k) is not None else e.get(k, "speculative" if k == "method" else None))
-             for k in ENTRY_KEYS} for e in arms]
+    """Entries with every key (absent ones null), lists as lists, tree shapes as their short specs."""
+    return [{k: _value(e, k) for k in ENTRY_KEYS} for e in arms]
 
 
 def arms_from_flags(flags: Mapping[str, Any], drafter: str, policy: str) -> list[dict[str, Any]]:

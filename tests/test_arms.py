@@ -124,3 +124,13 @@ def test_flags_on_a_list_they_cannot_express_are_refused():
 
 def test_entries_default_to_the_job():
     assert ArmEntry() == entry({})
+
+
+def test_a_tree_shape_is_data_or_its_short_spec_and_both_are_one_arm_and_one_job():
+    data = {"family": "static", "branching": [3, 2, 1, 1]}
+    assert expand_all([{"tree": data}], JOB) == expand_all([{"tree": "static:3-2-1-1"}], JOB)
+    assert expand_all([{"tree": {"family": "dynamic", "depth": 4}}], JOB)[1].drafter == "tree:dynamic:4-4-16"
+    as_data = identity_stage({"name": "speed", "arms": [{}, {"tree": data}]}, "model", "fixed")
+    assert as_data == identity_stage({"name": "speed", "arms": [{}, {"tree": "static:3-2-1-1"}]}, "model", "fixed")
+    with pytest.raises(ValueError, match="takes"):
+        entry({"tree": {"family": "static", "depth": 3}})

@@ -230,6 +230,7 @@ def test_resolved_template_is_tagged():
     assert format_tags(None) == {}  # a file written before the record: no tag rather than a wrong one
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_template_choice_in_mlflow(tmp_path):
     import mlflow

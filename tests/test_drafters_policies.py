@@ -45,6 +45,7 @@ def test_lookup_bad_ngram_sizes():
         PromptLookupDrafter(max_ngram=2, min_ngram=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_with_prompt_lookup_equals_plain(tiny_pair, prompt, k):

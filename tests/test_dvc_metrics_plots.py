@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -19,16 +17,6 @@ DECLARED_PLOTS = {"speedup_by_k", "speedup_predicted_vs_measured", "alpha_by_k",
                   "time_model_predicted_vs_measured"}
 
 needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
-
-
-def test_analysis_imports_no_torch():
-    code = ("import analysis.fit, analysis.breakeven, analysis.strategies, analysis.report, analysis.drift, "
-            "analysis.correctness, analysis.jobs, analysis.headline, analysis.publish, analysis.time_model, "
-            "analysis.recommend, analysis.pair_section, analysis.trees, analysis.answer, analysis.stage_deps, "
-            "speclab.estimators; "
-            "import sys; assert 'torch' not in sys.modules, 'torch was imported'")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
 
 
 def test_fit_strategies_headline_read_the_drift_table():

@@ -92,6 +92,7 @@ def test_sigterm_marks_the_run_killed_and_writes_nothing(tmp_path):
     assert not output_path(cfg, "acceptance").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_job_marks_its_run_failed(tmp_path, monkeypatch):
     cfg, uri = _tracked(tmp_path)
     monkeypatch.setattr(acceptance, "run", lambda ctx: 1 / 0)
@@ -134,6 +135,7 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", sorted(CORRUPTIONS))
 def test_damaged_file_at_the_jobs_path_is_recomputed(tmp_path, caplog, how):
     caplog.set_level(logging.INFO, logger='speclab')

@@ -13,6 +13,7 @@ def _ids(tokens):
     return torch.tensor([tokens])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 6])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_equals_plain_with_useless_draft(tiny_pair, k, prompt):

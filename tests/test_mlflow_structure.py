@@ -16,9 +16,6 @@ STABLE = HEADLINE | {"x_spec_tokens_per_s", "x_plain_tokens_per_s", "x_draft_ms_
                      "x_rollback_ms_per_iter", "x_bookkeeping_ms_per_iter", "x_identical_share"}
 NOISE = ("outputs_dir", "force", "threads", "mlflow.tracking_uri", "mlflow.enabled", "campaign")
 
-# Every test here reads one sweep run as a child process (seconds of imports and jobs).
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):

@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from pipeline.jobs import output_path
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
@@ -61,7 +59,6 @@ def test_campaign_files_results_apart(tmp_path):
     assert path.name == output_path(make_cfg(tmp_path, *FAST), "acceptance").name
 
 
-@pytest.mark.slow
 def test_unknown_pair_names_the_choices(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     res = subprocess.run([sys.executable, "-m", "pipeline.run", "pair=no_such_pair", f"outputs_dir={tmp_path}"],

@@ -113,6 +113,7 @@ def test_speed_stage_peer_arms_default_and_lookup(tmp_path):
     assert df[df.arm != "plain"].identical_to_plain.all()  # greedy: every peer mode reproduces plain greedy
 
 
+@pytest.mark.slow
 def test_batch_stage_pass_times_and_adjacent_runs(tmp_path):
     from pipeline.stages import batch
 

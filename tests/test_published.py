@@ -100,6 +100,7 @@ def test_params_campaigns_are_published():
         assert is_published(folder) and set(read_manifest(folder)) == listed
 
 
+@pytest.mark.slow
 def test_rerunning_the_published_jobs_computes_and_writes_nothing(copied, no_compute):
     before = _files(copied)
     recorded = _recorded_jobs()
@@ -201,6 +202,7 @@ def test_a_new_file_carries_the_hash_of_its_rows(tmp_path):
     assert check_stage_file(path, acceptance.SCHEMA).startswith("holds rows whose content hash")
 
 
+@pytest.mark.slow
 def test_force_refuses_a_published_file_unless_overwrite_published(tmp_path, caplog):
     cfg = make_cfg(tmp_path, "stage=acceptance", "max_new_tokens=6", "campaign=pub")
     run_parts(cfg)

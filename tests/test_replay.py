@@ -65,7 +65,6 @@ def _check(target, draft, prompt, drafter, policy, max_new, eos=None, ref=None):
     return compare(replayed, run), replayed
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_replay_equals_the_loop_for_every_drafter_and_policy(pair, prompt):
     target, draft = pair

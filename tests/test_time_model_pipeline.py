@@ -62,6 +62,7 @@ def _script(tmp_path, module, *args):
     return res.stdout
 
 
+@pytest.mark.slow
 def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_path):
     common = ["prompts.kinds=[prose,code]", "max_new_tokens=8"]
     cfg = make_cfg(tmp_path, "stage=plan", "stage.repeats=2", "stage.warmup=0", "stage.pass_lengths=[1,2,3]",
@@ -140,13 +141,16 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
 
 
 def test_recommended_arm_without_a_plan_is_one_line(tmp_path):
-    cfg = make_cfg(tmp_path, "stage=speed", "stage.recommended=true", "prompts.per_kind=1", "prompts.kinds=[code]")
-    with pytest.raises(ValueError, match=r"stage.recommended=true needs a plan for pair tiny_random in campaign scratch"):
-        run_parts(cfg)
+    for arms in ("stage.arms=[{},{method:recommended}]", "stage.recommended=true"):  # the list, or the old flag
+        cfg = make_cfg(tmp_path, "stage=speed", arms, "prompts.per_kind=1", "prompts.kinds=[code]")
+        with pytest.raises(ValueError, match=r"a recommended arm \(stage.arms\) needs a plan for pair tiny_random in "
+                                             r"campaign scratch"):
+            run_parts(cfg)
 
 
 def test_best_fixed_arm_without_an_exploratory_check_is_one_line(tmp_path):
-    cfg = make_cfg(tmp_path, "stage=speed", "stage.best_fixed=true", "prompts.per_kind=1", "prompts.kinds=[code]")
-    with pytest.raises(ValueError, match=r"stage.best_fixed=true needs an exploratory check of pair tiny_random "
+    cfg = make_cfg(tmp_path, "stage=speed", "stage.arms=[{method:best_fixed}]", "prompts.per_kind=1",
+                   "prompts.kinds=[code]")
+    with pytest.raises(ValueError, match=r"a best_fixed arm \(stage.arms\) needs an exploratory check of pair tiny_random "
                                          r"in campaign scratch .*run `python -m pipeline.run \+sweep=check_plan"):
         run_parts(cfg)

@@ -140,6 +140,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_a_loaded_drifting_machine_is_warned_in_console_mlflow_and_parquet(tmp_path, monkeypatch, caplog,
                                                                            restore_threads):
     cores = trust.usable_cores()

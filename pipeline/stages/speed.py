@@ -7,29 +7,28 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.context import StageContext
-from pipeline.trees import job_tree_drafter
 from pipeline.job_arms import stage_entries
-from speclab.arms import PLAIN, RECOMMENDED, Arm, Job, expand_all, needs
-from speclab.tree_specs import is_tree
 from pipeline.job_inputs import find_best_fixed, latest_plan_file
-from store.best_fixed import BestFixed
-from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import (
     IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, generator, identity, ks_label, memory_columns, rotated, run_name,
-    INTERVAL_NOTE, min_runs, sampling_config, speedup_metrics, speedup_text, stage_ks,
+    min_runs, sampling_config, speedup_metrics, speedup_text, stage_ks,
 )
+from pipeline.trees import job_tree_drafter
+from speclab.arms import PLAIN, RECOMMENDED, Arm, Job, expand_all, needs
 from speclab.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.peer import hf_generate
 from speclab.step_costs import step_costs
 from speclab.tree_loop import tree_generate
+from speclab.tree_specs import is_tree
+from store.best_fixed import BestFixed
+from store.records import make_schema
 
 log = logging.getLogger(__name__)
 STEP_FIELDS = [f"{name}_{when}_s" for when in ("before", "after") for name in ("target_step", "draft_step", "verify")]
