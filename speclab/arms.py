@@ -235,8 +235,3 @@ def needs(entries: Iterable[Mapping[str, Any] | ArmEntry], method: str) -> bool:
 def policies(entries: Iterable[Mapping[str, Any] | ArmEntry]) -> list[str]:
     """The k policies the entries name (a policy that reads a price table needs one measured first)."""
     return list(dict.fromkeys(e.k_policy for e in map(entry, entries) if e.k_policy))
-
-
-def as_data(e: ArmEntry) -> dict[str, Any]:
-    """An entry as config data, without its nulls (what a preset writes)."""
-    return {k: v for k, v in vars(e).items() if v is not None and not (k == "method" and v == "speculative")}
