@@ -43,6 +43,7 @@ def hashes() -> dict[str, str]:
                 for c in cases()}
 
 
+@pytest.mark.slow  # 131 compositions; tests/test_migration.py checks every recorded job in the fast tier
 def test_every_preset_and_stage_option_keeps_its_config_hash():
     golden = json.loads(GOLDEN.read_text())
     now = hashes()
