@@ -217,7 +217,7 @@ def expand(e: ArmEntry, job: Job, best: tuple[str, int] | None = None) -> list[A
     drafter = e.drafter or job.drafter
     policy = e.k_policy or job.k_policy
     if ks is None:
-        ks = list(job.ks) if e.k_policy is None or policy == "fixed" or policy == job.k_policy else [job.k]
+        ks = list(job.ks) if policy in ("fixed", job.k_policy) else [job.k]
     return [Arm("speculative", k, policy, drafter) for k in ks]
 
 

@@ -9,15 +9,16 @@ composed arm list (``effective_arms``). Pure data: no torch, no Hydra.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
+from speclab.arms import PEER_METHODS, ArmEntry
 from speclab.tree_specs import parse_tree
 
 FLAGS: dict[str, Any] = {"peer": False, "peer_modes": ["matched"], "k_policies": [], "drafters": [],
                          "drafter_ks": [], "recommended": False, "best_fixed": False, "trees": []}
-PEER_METHODS = {"matched": "hf_assisted", "default": "hf_default", "lookup": "hf_lookup"}
 PEER_MODES = {method: mode for mode, method in PEER_METHODS.items()}
-ENTRY_KEYS = ("method", "drafter", "k_policy", "ks", "tree")
+ENTRY_KEYS = tuple(f.name for f in fields(ArmEntry))  # method first
 
 
 def _entry(method: str = "speculative", **given: Any) -> dict[str, Any]:

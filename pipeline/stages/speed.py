@@ -252,9 +252,10 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     arms = []
     for (method, k, policy, drafter), sub in df[df.arm != "plain"].groupby(["arm", "k", "k_policy", "drafter"],
                                                                            sort=False):
+        arm = Arm(method, int(k) or None, policy, drafter)
         for kind, s in by_kind(sub):
             arms.append(ArmResult(
-                Arm(method, int(k) or None, policy, drafter).run_name(kind),
+                arm.run_name(kind),
                 {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
                  "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
                  "top_p": float(s.top_p.iloc[0])},
@@ -262,7 +263,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
-                 **({"tree_nodes": s.tree_nodes.mean()} if Arm.from_row(s.iloc[0]).is_tree else {})}))
+                 **({"tree_nodes": s.tree_nodes.mean()} if arm.is_tree else {})}))
     drift = max(max(a / b, b / a) for a, b in zip(after, before))
     metrics = {"plain_tokens_per_s": plain.tokens_per_s.median(), "identical_share": spec.identical_to_plain.mean(),
                "drift_ratio": drift,
