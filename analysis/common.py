@@ -22,6 +22,7 @@ from speclab.stats import bootstrap_interval  # noqa: E402
 from store import layout  # noqa: E402
 from store.compat import with_defaults  # noqa: E402
 from store.files import atomic_write  # noqa: E402
+from store.manifest import campaign_problem, published_campaigns  # noqa: E402
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
@@ -49,14 +50,33 @@ def published_campaign(params: dict) -> str:
     return campaign
 
 
+def check_published(outputs_dir: str | Path, campaign: str | None = None) -> None:
+    """AnalysisError, one line naming the file, when a published campaign under ``outputs_dir`` (``campaign``, or
+    every one) is not exactly as published: a file listed in its manifest missing or changed, a file not
+    listed, or its manifest missing or not the one sealed (``store.manifest``)."""
+    try:
+        names = [campaign] if campaign is not None else published_campaigns(outputs_dir)
+    except layout.StoreError as err:
+        raise AnalysisError(str(err)) from None
+    for name in names:
+        if problem := campaign_problem(campaign_dir(outputs_dir, name)):
+            raise AnalysisError(problem)
+
+
 def read_stage(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFrame:
     """Every finished Parquet file of a stage in ``campaign``, checked, concatenated, with a campaign column.
 
     Only that campaign's folder is read, so results of other campaigns (ad-hoc ``scratch`` runs)
     never reach the published tables. Files are read one by one rather than as a dataset so that
     a file written with a newer schema keeps its extra columns instead of inheriting the first
-    file's schema. A bad file raises ``AnalysisError`` before anything is pooled.
+    file's schema. A bad file, or a published campaign that has changed, raises ``AnalysisError`` before
+    anything is pooled.
     """
+    check_published(outputs_dir, campaign)
+    return _pooled(outputs_dir, stage, campaign)
+
+
+def _pooled(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFrame:
     files = read_stage_files(outputs_dir, campaign, stage)
     if not files:
         return pd.DataFrame()
@@ -67,9 +87,10 @@ def read_stage(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFra
 def read_stage_if_any(outputs_dir: str | Path, stage: str, campaign: str) -> pd.DataFrame:
     """``read_stage``, or an empty frame where the campaign holds no file of the stage (a section of a campaign
     still being measured, or absent, says "not measured" instead of stopping)."""
+    check_published(outputs_dir, campaign)
     if not layout.stage_paths(outputs_dir, campaign, stage):
         return pd.DataFrame()
-    return read_stage(outputs_dir, stage, campaign)
+    return _pooled(outputs_dir, stage, campaign)
 
 
 def bootstrap_settings(params: dict) -> dict:
@@ -139,13 +160,26 @@ def save_table(df: pd.DataFrame, path: str | Path) -> Path:
     return atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
 
 
+def _params_outputs_dir() -> str | None:
+    """params.yaml's ``outputs_dir`` where it reads (the script's own reading of it says what is wrong otherwise)."""
+    try:
+        params = yaml.safe_load(Path("params.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return str(params["outputs_dir"]) if isinstance(params, dict) and params.get("outputs_dir") else None
+
+
 def run_script(name: str, main: Callable[[], None]) -> None:
     """Run a script's main; bad input ends it with one line on stderr and exit code 1, no traceback.
 
     Each main reads and checks all its inputs before it writes anything, so such an exit
-    leaves every committed output as it was.
+    leaves every committed output as it was. First, every published campaign under params.yaml's
+    ``outputs_dir`` is checked against its manifest and seal (``check_published``): a script that reads
+    stage files through any path then reads only campaigns exactly as they were published.
     """
     try:
+        if outputs_dir := _params_outputs_dir():
+            check_published(outputs_dir)
         main()
     except AnalysisError as err:
         print(f"{name}: error: {err}", file=sys.stderr)

@@ -25,6 +25,7 @@ import pandas as pd
 from analysis.answer import read_answer, render_text
 from analysis.common import load_params, published_campaign, read_table, run_script
 from analysis.tracking import first_line, quick_http, tracking_settings, unreachable
+from store.credentials import redact, redact_all
 from store.identity import flatten
 from store.records import UNKNOWN_COMMIT, git_commit
 
@@ -75,7 +76,7 @@ def publish(params: dict) -> str | None:
             try:
                 from mlflow.entities import Metric, Param
 
-                flat = flatten(params)
+                flat = flatten(redact_all(params))  # a password in params.yaml's tracking URI stays out of the run
                 client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(flat.items())])
                 if headline.exists():
                     values = numeric_metrics(json.loads(headline.read_text()))
@@ -92,7 +93,7 @@ def publish(params: dict) -> str | None:
                 status = "FINISHED"
             finally:
                 client.set_terminated(run_id, status)
-        print(f"analysis.publish: logged MLflow run analysis-{campaign} ({run_id}) to {tracking.uri}")
+        print(f"analysis.publish: logged MLflow run analysis-{campaign} ({run_id}) to {redact(tracking.uri)}")
         return run_id
     except Exception as err:  # noqa: BLE001 - publishing is a convenience; the files are the record
         print(f"analysis.publish: MLflow run not logged ({first_line(err)})")

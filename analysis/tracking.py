@@ -14,6 +14,7 @@ at most a few seconds and one line of output.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from store.mlflow_probe import first_line, unreachable  # noqa: F401 - the analysis's own names
@@ -22,6 +23,8 @@ from store.shared_defaults import EXPERIMENT, TRACKING_URI
 
 # Logging figures and tables takes longer than a probe: a longer timeout, still no retry loop.
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# MLflow's own "View run ... at: URL" line would print params.yaml's tracking URI with its credentials.
+os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def quick_http():

@@ -380,8 +380,8 @@ class SpeclabConf:
                                                      "(4 per CPU core here)"),
                            doc="torch intra-op threads; 0 keeps torch's default (1 per job in parallel sweeps)")
     force: bool = setting(False, doc="rerun a job whose output for this exact config already exists")
-    overwrite_published: bool = setting(False, doc="let this job replace files of a published campaign "
-                                                   "(store/manifest.py)")
+    overwrite_published: bool = setting(False, doc="opens nothing: kept so recorded commands compose; true on a "
+                                                   "published campaign is refused (python -m store.extend adds jobs)")
     campaign: str = setting("scratch", matches(NAME, f"{NAME_WORDS} (up to 64 characters, no '/')"),
                             doc="results go to outputs/campaigns/<campaign>/; dvc repro publishes the campaigns in "
                                 "params.yaml")

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from pipeline.config_schema import CHECKS, CONF_DIR, ConfigError, check_config, close_matches, unknown_key_line
+from pipeline.config_schema import (
+    CHECKS, CONF_DIR, DRAFTERS, K_POLICIES, STAGE_SCHEMAS, ConfigError, check_config, close_matches, unknown_key_line,
+)
 from pipeline.redact import redact
 
 # What a type error means to a user, by the type OmegaConf failed to convert to.
@@ -16,6 +19,32 @@ FLAG_PREFIXES = ("-",)
 MULTIRUN_FLAGS = {"-m", "--multirun"}
 # What Hydra's override grammar takes in a value without quotes (besides ',' between a sweep's values).
 UNQUOTED = "ASCII letters, digits, spaces and $ % * + - . / : ? @ \\ _ |"
+# The groups whose options have keys of their own (stage.ks is a key of stage=speed, not of stage=timing).
+OPTION_SCHEMAS = {"stage": STAGE_SCHEMAS, "drafter": DRAFTERS, "k_policy": K_POLICIES}
+NOT_SETTINGS = ("name", "parts", "_target_")
+
+
+class JobEnded(ValueError):
+    """A job of a multirun that was cancelled, refused its input or lost its worker: one line, as its failure in
+    the sweep."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A polite kill (SIGTERM from a scheduler, ``kill``) taken like Ctrl-C, with the signal it came by."""
+
+    def __init__(self, signum: int, why: str = "") -> None:
+        super().__init__(f"signal {signum}" + (f": {why}" if why else ""))
+        self.signum = signum
+
+
+def interrupted_line(err: KeyboardInterrupt) -> tuple[str, int]:
+    """The one line an interrupted command ends with, and its exit status (128 + the signal, as a shell's)."""
+    import signal
+
+    signum = getattr(err, "signum", signal.SIGINT)
+    what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    return (f"speclab: {what}: runs still open in MLflow are marked KILLED and finished result files are kept; "
+            "rerun the same command to do the rest"), 128 + int(signum)
 
 
 def _collapse(text: str) -> str:
@@ -39,7 +68,8 @@ def _hydra_line(err: BaseException) -> str:
         shown = repr(value) if value is not None else f"(value {_collapse(cause.msg)})"
         return f"{base}={shown} is not allowed: use {allowed}"
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and key:
-        return unknown_key_line(key, _override_value(err, key))
+        return _other_option_line(key, getattr(cause, "object_type", None)) or \
+            unknown_key_line(key, _override_value(err, key))
     if isinstance(err, MissingConfigException):
         found = re.search(r"Could not find '([^']+)'", str(err))
         options = re.findall(r"^\t(\S+)$", str(err), flags=re.M)
@@ -51,6 +81,25 @@ def _hydra_line(err: BaseException) -> str:
     if isinstance(err, OverrideParseException):
         return _grammar_line(err)
     return _collapse(err)
+
+
+def _other_option_line(key: str, schema: type | None) -> str | None:
+    """A key the chosen option of a group does not have but other options do (``stage.ks`` on the timing
+    stage): which options read it and what the chosen one reads instead; None for any other key."""
+    group, _, name = key.partition(".")
+    options = OPTION_SCHEMAS.get(group)
+    if options is None or schema not in options.values():
+        return None
+    readers = [option for option, typ in options.items() if name in {f.name for f in fields(typ)}]
+    if not readers:
+        return None
+    mine = next(option for option, typ in options.items() if typ is schema)
+    own = [f"{group}.{f.name}" for f in fields(schema) if f.name not in NOT_SETTINGS]
+    close = close_matches(name, own)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    reads = f"reads {', '.join(own)}" if own else "has no settings of its own"
+    return (f"{key} is not read by the {mine} {group} (it is a key of {group}={', '.join(readers)}): {hint}the {mine} "
+            f"{group} {reads}; leave {key} out, or choose a {group} that reads it")
 
 
 def _grammar_line(err: OverrideParseException) -> str:
@@ -69,6 +118,13 @@ def _grammar_line(err: OverrideParseException) -> str:
             f"in quotes ({key}='...'){allowed}")
 
 
+def os_error_text(err: OSError) -> str:
+    """``path: what went wrong`` (both paths of a rename or link); without a path, only what went wrong."""
+    what = err.strerror or str(err) or type(err).__name__
+    names = " -> ".join(str(name) for name in (err.filename, err.filename2) if name not in (None, ""))
+    return f"{names}: {what}" if names else what
+
+
 def error_line(err: BaseException) -> str | None:
     """The one-line message for bad input (credentials in URIs masked); None for an unexpected error (a bug
     keeps its traceback)."""
@@ -77,7 +133,7 @@ def error_line(err: BaseException) -> str | None:
     if isinstance(err, (ValueError, FileNotFoundError)):
         return redact(_collapse(err))
     if isinstance(err, OSError):
-        return redact(_collapse(f"{err.filename or ''}: {err.strerror or err}"))
+        return redact(_collapse(os_error_text(err)))
     return None
 
 
@@ -127,4 +183,4 @@ def precheck(argv: list[str]) -> None:
         check_config(cfg, STAGES)
 
 
-__all__ = ["ConfigError", "error_line", "precheck"]
+__all__ = ["ConfigError", "Interrupted", "JobEnded", "error_line", "interrupted_line", "precheck"]

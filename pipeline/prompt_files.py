@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pipeline.prompt_types import MAX_TURNS, Prompt, check_unicode
 
+JSONL_SUFFIX = ".jsonl"  # compared without case: x.JSONL is JSONL too
+MAX_NESTING = 200  # brackets deep: where a file too deep for the parsers (~500 YAML, ~1000 JSON) is said to go wrong
 ALLOWED = (f"one JSON object a line with question_id (an integer or a string), category (a string) and turns "
            f"(a list of 1 to {MAX_TURNS} non-empty strings), reference optional")
 
@@ -21,6 +23,25 @@ def _read(path: Path) -> str:
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"prompt file {str(path)!r} cannot be read ({type(err).__name__}): write UTF-8 JSONL, "
                          f"{ALLOWED}") from None
+
+
+def is_jsonl(path: Path) -> bool:
+    """Whether ``path`` is read as Spec-Bench JSONL (by its suffix, in any case)."""
+    return path.suffix.lower() == JSONL_SUFFIX
+
+
+def too_deep(text: str) -> int | None:
+    """The first line (from 1) where ``text``'s brackets nest deeper than ``MAX_NESTING``, else None (counted
+    without regard to quotes: it only points at the line of a file whose parser overflowed its recursion)."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return None
+    depth = 0
+    for n, line in enumerate(text.split("\n"), 1):
+        for char in line:
+            depth = depth + 1 if char in "[{" else max(0, depth - 1) if char in "]}" else depth
+            if depth > MAX_NESTING:
+                return n
+    return None
 
 
 def _item(entry: object, where: str) -> tuple[str, str, tuple[str, ...]]:
@@ -62,6 +83,8 @@ def parse_jsonl(path: Path) -> list[Prompt]:
             entry = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{where} is not valid JSON ({err.msg} at column {err.colno}): write {ALLOWED}") from None
+        except RecursionError:
+            raise ValueError(f"{where} nests too deep to read: write {ALLOWED}") from None
         qid, category, turns = _item(entry, where)
         if qid in seen:
             raise ValueError(f"question_id {qid!r} appears twice in {str(path)!r} (lines {seen[qid]} and {n}): "

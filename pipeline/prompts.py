@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from pipeline.prompt_files import parse_jsonl
+from pipeline.prompt_files import MAX_NESTING, is_jsonl, parse_jsonl, too_deep
 from pipeline.prompt_types import Prompt, check_unicode
 from speclab.prompt_pools import MT_BENCH, POOLS
 
@@ -24,7 +24,8 @@ STAND_IN_TOKENS = 64
 def _parse(path: Path) -> list[Prompt]:
     """Every prompt of a file, or a one-line ValueError saying what is wrong and where."""
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -32,6 +33,11 @@ def _parse(path: Path) -> list[Prompt]:
         raise ValueError(f"prompt file {str(path)!r} is not valid YAML{where} ({problem})") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"prompt file {str(path)!r} cannot be read ({type(err).__name__})") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        line = too_deep(text)
+        where = f" (more than {MAX_NESTING} brackets deep at line {line})" if line else ""
+        raise ValueError(f"prompt file {str(path)!r} nests too deep to read{where}: write a YAML list of entries "
+                         f"with {list(FIELDS)}") from None
     if not data:
         raise ValueError(f"prompt file {str(path)!r} holds no prompts: write a YAML list of entries with {list(FIELDS)}")
     if not isinstance(data, list):
@@ -71,13 +77,13 @@ def shipped_files() -> list[str]:
 
 
 def read_file(file: str) -> tuple[Path, list[Prompt]]:
-    """The prompt file ``file`` (a name in pipeline/prompts/ or a path) and its items: ``.jsonl`` in
-    Spec-Bench's schema, anything else the YAML list of texts."""
+    """The prompt file ``file`` (a name in pipeline/prompts/ or a path) and its items: ``.jsonl`` (in any case)
+    in Spec-Bench's schema, anything else the YAML list of texts."""
     path = Path(file) if Path(file).is_file() else PROMPT_DIR / file
     if not path.is_file():
         raise ValueError(f"prompt file {file!r} not found: use one of {shipped_files()} or a path to a YAML or "
                          "JSONL file")
-    return path, (parse_jsonl(path) if path.suffix == ".jsonl" else _parse(path))
+    return path, (parse_jsonl(path) if is_jsonl(path) else _parse(path))
 
 
 def _pooled(prompts: list[Prompt], kind: str) -> list[Prompt]:

@@ -1,60 +1,24 @@
-"""Credentials in URIs never reach a record: ``http://user:password@host/?token=t`` is written and printed as
-``http://user:***@host/?token=***``.
+"""The pipeline's last line of defence for credentials: every string a writer records or prints is masked by
+``redact`` (store/credentials.py: ``http://alice:***@host/?token=***``, through Hydra's escaping too).
 
-One helper for every writer: the Parquet provenance record, MLflow tags, params and the config artifact,
-the job record, Hydra's own files in a job's folder (``RedactHydraFiles``), log lines (``RedactFilter`` on
-the logging handlers of conf/hydra/) and the lines printed to stderr. The job itself still connects with
-the URI as given.
+The credentials of the command line never reach Hydra (pipeline/secrets.py lifts them out first); this mask
+covers what comes some other way (a URI interpolated from the environment, a library's error message). One
+helper for every writer: the Parquet provenance record, MLflow tags, params and the config artifact, the job
+record, Hydra's own files in a job's folder (``RedactHydraFiles``), log lines (``RedactFilter`` on the logging
+handlers of conf/hydra/) and the lines printed to stderr.
 """
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-MASK = "***"
-URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-# Query parameters whose values are secrets (matched case-insensitively, '-' and '_' alike).
-SECRET_PARAMS = re.compile(r"(^|[_-])(token|passw(or)?d|pwd|secret|api[_-]?key|key|auth|sig(nature)?|credentials?)$",
-                           re.IGNORECASE)
+from store.credentials import MASK, redact, redact_all
 
-
-def _redact_uri(uri: str) -> str:
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return uri
-    netloc = parts.netloc
-    userinfo, at, host = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:{MASK}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(SECRET_PARAMS.search(k) for k, _ in pairs):
-            query = urlencode([(k, MASK if SECRET_PARAMS.search(k) else v) for k, v in pairs], safe="*")
-    if (netloc, query) == (parts.netloc, parts.query):
-        return uri
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def redact(text: Any) -> Any:
-    """``text`` with the password and secret query values of every URI in it masked (non-strings unchanged)."""
-    return URI.sub(lambda m: _redact_uri(m.group(0)), text) if isinstance(text, str) else text
-
-
-def redact_all(data: Any) -> Any:
-    """Nested plain data (dicts, lists, strings) with every string redacted."""
-    if isinstance(data, dict):
-        return {k: redact_all(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [redact_all(v) for v in data]
-    return redact(data)
+__all__ = ["MASK", "RedactFilter", "RedactHydraFiles", "redact", "redact_all", "redact_file"]
 
 
 class RedactFilter(logging.Filter):

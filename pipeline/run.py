@@ -26,16 +26,18 @@ from omegaconf import DictConfig  # noqa: E402
 
 from pipeline.config_schema import ConfigError, check_config, register  # noqa: E402
 from pipeline.context import StageContext, build_context, load_job_prompts, set_threads  # noqa: E402
-from pipeline.errors import error_line, precheck  # noqa: E402
+from pipeline.errors import Interrupted, JobEnded, error_line, interrupted_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
 from pipeline.job_runs import JobRuns, format_tags  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
-from pipeline.results import now, provenance, write_result  # noqa: E402
+from pipeline.results import hydra_overrides, now, provenance, write_result  # noqa: E402
+from pipeline.shape_checks import check_shapes  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from pipeline.stages.options import check_used  # noqa: E402
 from pipeline.tracking import end_open_parent, summary_after_failure  # noqa: E402
 from pipeline.trust import LoadSampler, check_job  # noqa: E402
 from pipeline.workers import dies_with_sweep  # noqa: E402
+from store.extend import extension_permitted, job_may_write, refusal  # noqa: E402
 from store.layout import STAGES, StoreError  # noqa: E402
 from store.locks import file_lock, job_lock_path  # noqa: E402
 from store.manifest import is_published  # noqa: E402
@@ -68,8 +70,12 @@ def validate(cfg: DictConfig):
     if not str(cfg.outputs_dir).strip():  # an empty folder name would put results in the folder run from
         raise ConfigError(f"outputs_dir={str(cfg.outputs_dir)!r} is not allowed: use a folder path "
                           "(default: outputs/ in the folder you run from)")
+    # A published campaign takes no job that would write into it (store.extend), so it is not probed for writing.
+    writable = job_may_write(cfg.outputs_dir, str(cfg.campaign), bool(cfg.force), bool(cfg.overwrite_published))
     prompts = load_job_prompts(cfg)
-    ensure_writable(campaign_dir(cfg))
+    check_shapes(cfg, prompts)  # trees, k, batches that would not fit in memory: refused before any load
+    if writable:
+        ensure_writable(campaign_dir(cfg))
     return list(cfg.stage.parts), prompts
 
 
@@ -87,26 +93,33 @@ class Job:
     def pending(self) -> list[str]:
         """The stages still to compute; a complete file whose run is missing gets its run logged now.
 
-        A file of a published campaign (``store.manifest``) is never replaced, neither by ``force=true`` nor
-        because it fails a check (that is one line and the job stops), unless ``overwrite_published=true``."""
-        todo = []
+        A published campaign (``store.manifest``) gains and loses no file: a job there whose files are all
+        complete says so; one that would write is refused here, before anything is computed or logged, unless
+        ``python -m store.extend`` runs it, and then it may add files but never replace one (``validate``
+        refused ``force=true``)."""
+        published = is_published(campaign_dir(self.cfg))
+        may_add = published and extension_permitted(self.cfg.outputs_dir, str(self.cfg.campaign))
+        found = {}  # part -> (path, to write it anew, why the file there is not a finished result or None)
         for part in self.parts:
             path = output_path(self.cfg, part)
-            locked = path.exists() and is_published(path.parents[1]) and not self.cfg.overwrite_published
-            published = f"it belongs to published campaign {self.cfg.campaign!r}, so it is left alone " \
-                        "(overwrite_published=true recomputes it)"
-            if self.cfg.force and locked:
-                raise StoreError(f"[{part}] force=true would overwrite {path}: {published}")
-            if self.cfg.force or not path.exists():
-                todo.append(part)
-            elif problem := check_stage_file(path, stage_module(part).SCHEMA, config_hash(self.cfg)):
-                if locked:
-                    raise StoreError(f"[{part}] {path} is not a finished result ({problem}): {published}")
-                log.info(f"[{part}] {path} is not a finished result ({problem}): recomputing it")
+            anew = bool(self.cfg.force) or not path.exists()
+            found[part] = (path, anew, None if anew else
+                           check_stage_file(path, stage_module(part).SCHEMA, config_hash(self.cfg)))
+        for part, (path, anew, problem) in found.items() if published else ():
+            if anew and not may_add:
+                raise refusal(self.cfg.outputs_dir, str(self.cfg.campaign), part, path, hydra_overrides())
+            if problem:
+                raise StoreError(f"[{part}] {path} is not a finished result ({problem}): it belongs to published "
+                                 f"campaign {self.cfg.campaign!r}, so it is left alone")
+        todo = []
+        for part, (path, anew, problem) in found.items():
+            if anew or problem:
+                if problem:
+                    log.info(f"[{part}] {path} is not a finished result ({problem}): recomputing it")
                 todo.append(part)
             elif self.runs.logged(part):
-                rerun = "force=true overwrite_published=true" if locked else "force=true"
-                log.info(f"[{part}] already complete for this config: {path} ({rerun} reruns it)")
+                log.info(f"[{part}] already complete for this config: {path}"
+                         + ("" if published else " (force=true reruns it)"))
                 self.runs.record(part, "complete", path)
             else:
                 self.runs.log_from_file(part, path)
@@ -194,17 +207,17 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
 
 
-class JobEnded(ValueError):
-    """A submitted job that was cancelled or refused its input: one line, as its failure in the sweep."""
-
-
 def _terminate(signum, frame) -> None:
     # A polite kill (SIGTERM, e.g. from a scheduler) ends the job like Ctrl-C: its run is marked KILLED.
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise Interrupted(signum)
 
 
 def cli() -> None:
     """``main`` with bad input said in one line (no traceback); HYDRA_FULL_ERROR=1 keeps full traces."""
+    from pipeline.secrets import lift
+
+    # Before Hydra reads the command line: its credentials move to the environment, their masked form stays.
+    sys.argv[1:] = lift(sys.argv[1:])
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     if full:
         os.environ["SPECLAB_FULL_ERROR"] = "1"
@@ -213,9 +226,13 @@ def cli() -> None:
     try:
         precheck(sys.argv[1:])
         main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM, in a job or a multirun: one line, 130 or 143
         end_open_parent("KILLED")
-        raise
+        if full:
+            raise
+        line, status = interrupted_line(err)
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(status)
     except Exception as err:  # noqa: BLE001 - sorted below: bad input is one line, a bug keeps its traceback
         summary_after_failure()
         line = None if full else error_line(err)

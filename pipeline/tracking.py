@@ -23,6 +23,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.redact import redact, redact_all
+from pipeline.secrets import resolve
+from store.credentials import public_url
 from store.locks import tracking_store_lock
 from store.mlflow_probe import first_line, unreachable
 from pipeline.machine import cpu_model
@@ -32,6 +34,8 @@ from store.records import git_commit
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # store creation and migrations are not news
+# MLflow's own "View run ... at: URL" line prints the tracking URI with its credentials: ours (run_link) does not.
+os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 PACKAGES = ("torch", "transformers", "speclab", "mlflow", "hydra-core", "numpy", "scipy")
 # Set for child processes (joblib, submitit) once a store was found unreachable: they skip it at once,
@@ -40,6 +44,7 @@ DOWN_ENV = "SPECLAB_TRACKING_DOWN"
 DOWN_WHY_ENV = "SPECLAB_TRACKING_DOWN_WHY"
 _down: dict[str, str] = {}  # tracking URI -> why it cannot be used, found out once per process
 _said: set[str] = set()  # URIs whose outage was already reported by this process
+MULTIRUN_DOWN = "found unreachable when the multirun started"  # how tracking_problem's why begins in a multirun
 log = logging.getLogger("speclab")
 
 
@@ -67,17 +72,28 @@ def tracking_problem(uri: str, starting: str = "job") -> str | None:
         if inherited:
             _down[uri] = inherited
         else:
-            with tracking_store_lock(uri):  # a new sqlite store is created here, by one process at a time
-                problem = unreachable(uri)
+            try:
+                with tracking_store_lock(uri):  # a new sqlite store is created here, by one process at a time
+                    problem = unreachable(resolve(uri))
+            except OSError as err:  # the lock beside a sqlite file: a full or read-only disk is an outage too
+                what = err.strerror or first_line(err)
+                problem = f"{err.filename}: {what}" if err.filename else f"its lock file cannot be written: {what}"
             _down[uri] = ""
             if problem:
                 _set_down(uri, f"found unreachable when the {starting} started: {problem}")
     return _down[uri] or None
 
 
+def _said_by_multirun(uri: str) -> bool:
+    """Whether this process is a local worker of a multirun that found ``uri`` down as it started, and said so."""
+    pid, _, host = os.environ.get(SWEEP_PID_ENV, "").partition(" ")
+    return (os.environ.get(DOWN_ENV) == uri and os.environ.get(DOWN_WHY_ENV, "").startswith(MULTIRUN_DOWN)
+            and pid == str(os.getppid()) and host == platform.node())
+
+
 def say_unreachable(uri: str, problem: str, consequence: str) -> None:
-    """One line per process and store, however many jobs find it down."""
-    if uri not in _said:
+    """One line per store, however many jobs (and local worker processes) find it down."""
+    if uri not in _said and not _said_by_multirun(uri):
         _said.add(uri)
         print(redact(f"speclab: MLflow at {uri} is unreachable ({problem}): {consequence} once it is back to log them"),
               file=sys.stderr)
@@ -163,6 +179,11 @@ class Tracker:
     _open: set[str] = field(default_factory=set)  # ids of the runs this process opened and has not ended
     _repaired: bool = False  # the RUNNING runs of dead processes were closed (once per tracker)
 
+    def __getstate__(self) -> dict:
+        # The client holds the URI with its credentials (pipeline/secrets.py): a launcher that pickles this tracker
+        # (submitit pickles Hydra's callbacks with each job) gets it without, and connects again when needed.
+        return {**self.__dict__, "_client": None}
+
     @classmethod
     def for_config(cls, cfg: DictConfig) -> Tracker:
         uri, enabled = str(cfg.mlflow.tracking_uri), bool(cfg.mlflow.enabled)
@@ -182,7 +203,7 @@ class Tracker:
                 import mlflow
 
                 with tracking_store_lock(self.uri):  # two new jobs must not both create the experiment
-                    client = mlflow.MlflowClient(self.uri)
+                    client = mlflow.MlflowClient(resolve(self.uri))
                     exp = client.get_experiment_by_name(self.experiment)
                     self._experiment_id = exp.experiment_id if exp else client.create_experiment(self.experiment)
                 self._client = client
@@ -256,9 +277,9 @@ class Tracker:
 
     def finish(self, run_id: str | None, metrics: dict[str, float], artifacts: list[Path] = (),
                config: dict | None = None, description: list[str] = (), table: Any = None,
-               tags: dict[str, str] | None = None) -> bool:
+               tags: dict[str, str] | None = None, link: bool = True) -> bool:
         """Log metrics, artifacts, the resolved config, the description and late ``tags``, then mark the run
-        FINISHED."""
+        FINISHED (and print where to see it, when ``link`` and the store has a UI)."""
         if run_id is None:
             return False
 
@@ -285,7 +306,14 @@ class Tracker:
         done = bool(self._call(log))
         if done:
             self._open.discard(run_id)
+            if link and (url := self.run_link(run_id)):
+                logging.getLogger("speclab").info(f"MLflow run: {url}")  # (``log`` is the local function above)
         return done
+
+    def run_link(self, run_id: str) -> str | None:
+        """The run's page on an http(s) store's UI, without the URI's credentials; None for other stores."""
+        base = public_url(self.uri)
+        return f"{base}/#/experiments/{self._experiment_id}/runs/{run_id}" if base else None
 
     def log_arms(self, parent: str | None, arms: list, identity: dict[str, str], tags: dict[str, str],
                  name_pattern: str) -> int:
@@ -298,7 +326,7 @@ class Tracker:
             arm_tags = {**tags, **{key: str(arm.params[key]) for key in ("k", "kind") if key in arm.params}}
             run_id = self.start(name_pattern.format(arm=arm.name), {**identity, "level": "arm"}, arm_tags, arm.params,
                                 parent)
-            n += self.finish(run_id, arm.metrics)
+            n += self.finish(run_id, arm.metrics, link=False)
         return n
 
     @contextmanager
@@ -333,6 +361,7 @@ class CreateTrackingStore(Callback):
         self.parent: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _multirun["callback"] = self  # for the launcher and the entry point when a job fails or a worker dies
         os.environ[SWEEP_PID_ENV] = f"{os.getpid()} {platform.node()}"  # joblib workers die with this process
         os.environ[SWEEP_DIR_ENV] = str(config.hydra.sweep.dir)
         if not self.enabled:
@@ -363,16 +392,37 @@ class CreateTrackingStore(Callback):
             self.tracker.finish(self.parent, {"jobs": float(len(table))}, description=lines, table=table)
         for var in (PARENT_ENV, PARENT_URI_ENV, SWEEP_PID_ENV, SWEEP_DIR_ENV):
             os.environ.pop(var, None)
+        _multirun.pop("callback", None)
+
+
+_multirun: dict[str, CreateTrackingStore] = {}  # the running multirun's callback, in the multirun's own process
+
+
+def end_runs_of_dead_workers() -> int:
+    """A local worker of the multirun died in its job: the RUNNING runs of dead processes (its job's) become
+    KILLED now, not when something next starts. The number of runs ended."""
+    sweep = _multirun.get("callback")
+    if sweep is None or sweep.tracker is None or not sweep.tracker.enabled:
+        return 0
+    sweep.tracker._repaired = False  # once per tracker otherwise
+    return sweep.tracker.close_dead_runs()
 
 
 def summary_after_failure() -> None:
     """A multirun whose job failed ends in Hydra's error before its summary: print the summary anyway (each
-    job's record says computed, found, failed or killed), so the sweep names the job that failed."""
-    sweep_dir = os.environ.pop(SWEEP_DIR_ENV, None)
-    if sweep_dir and Path(sweep_dir).is_dir():
-        from pipeline.summary import multirun_summary
+    job's record says computed, found, failed or killed), so the sweep names the job that failed; with the
+    MLflow run it is logged on, which the entry point then ends FAILED. Nothing when no job left a record
+    (every job refused its config: the error line says it)."""
+    from pipeline.summary import RECORD, multirun_summary
 
-        multirun_summary(Path(sweep_dir))
+    sweep_dir, sweep = os.environ.pop(SWEEP_DIR_ENV, None), _multirun.pop("callback", None)
+    if not sweep_dir or not any(Path(sweep_dir).glob(f"*/{RECORD}")):
+        return
+    tracker, parent = (sweep.tracker, sweep.parent) if sweep is not None else (None, None)
+    table, lines = multirun_summary(Path(sweep_dir), tracker, parent)
+    if tracker is not None and parent is not None:
+        tracker._call(lambda c: (c.set_tag(parent, "mlflow.note.content", "\n".join(lines)[:20000]),
+                                 c.log_metric(parent, "jobs", float(table.job.nunique()))))
 
 
 def end_open_parent(status: str) -> None:
@@ -382,7 +432,7 @@ def end_open_parent(status: str) -> None:
         try:
             import mlflow
 
-            client = mlflow.MlflowClient(uri)
+            client = mlflow.MlflowClient(resolve(uri))
             if client.get_run(parent).info.status == "RUNNING":
                 client.set_terminated(parent, status)
         except Exception:  # noqa: BLE001 - best effort on the way out

@@ -4,7 +4,8 @@ Loky never checks its parent: after the parent is killed (SIGKILL, out of memory
 with a job nobody collects, then sits idle for minutes holding its models' memory. A job run in such a
 worker asks the kernel (Linux ``prctl(PR_SET_PDEATHSIG)``) for a SIGTERM when the parent dies; the
 SIGTERM ends the job like Ctrl-C (its runs KILLED) and the worker exits. The request outlives the job,
-so an idle worker dies with its parent too (SIGTERM's default action between jobs).
+so an idle worker dies with its parent too (SIGTERM's default action between jobs). The same handler
+takes the SIGTERM a stopping multirun sends its busy workers (pipeline/job_pool.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pipeline.errors import Interrupted
 from pipeline.tracking import SWEEP_PID_ENV
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -40,7 +42,11 @@ def signal_at_parent_death(signum: int) -> bool:
 
 
 def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}: the multirun's process is gone")
+    # The job ends its runs KILLED on the way out: a second signal must not cut that short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gone = sweep_parent() is None  # the parent that set this handler is no longer this process's parent
+    raise Interrupted(signum, "the multirun's process is gone" if gone else "the multirun is stopping")
 
 
 @contextmanager

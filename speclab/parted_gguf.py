@@ -4,16 +4,20 @@ Each part package holds ``<module>/data/partNN.bin``; the parts concatenated in 
 The packages ship no hashes, so the size and sha256 of every part are recorded here (measured on the
 pinned versions). A part is located without importing its package, and the joined file becomes
 visible only after every part matched: a truncated or changed part is a one-line error naming it and
-the command that reinstalls it, never a half-written file or a half-loaded model.
+the command that reinstalls it, never a half-written file or a half-loaded model. The joined file is
+checked against the same hashes whenever it is used, and rejoined when it differs.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import os
-import tempfile
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from speclab.cache_files import building, partial_file, sweep_partials
 
 CHUNK = 1 << 22
 
@@ -68,19 +72,30 @@ class PartedGGUF:
         return paths
 
 
-def assemble(spec: PartedGGUF, folder: Path) -> Path:
-    """``folder/spec.filename``, joined from the parts once (size and sha256 of each checked as it is copied).
+def joined_problem(spec: PartedGGUF, path: Path) -> str | None:
+    """What is wrong with a joined file, checked against the recorded parts (its size, then the sha256 of each
+    part's bytes in it); None when it is the parts joined."""
+    size = path.stat().st_size
+    if size != spec.total_bytes:
+        return f"has {size:,} bytes, expected {spec.total_bytes:,}"
+    with open(path, "rb") as joined:
+        for n, (part_size, sha) in enumerate(spec.parts, start=1):
+            digest, left = hashlib.sha256(), part_size
+            while left and (chunk := joined.read(min(CHUNK, left))):
+                digest.update(chunk)
+                left -= len(chunk)
+            if digest.hexdigest() != sha:
+                return f"differs from part {n} (sha256 {digest.hexdigest()[:16]}..., expected {sha[:16]}...)"
+    return None
 
-    The file is written under a temporary name and renamed only when every part matched, so an existing
-    file of the right size is a checked one."""
-    dest = folder / spec.filename
-    if dest.is_file() and dest.stat().st_size == spec.total_bytes:
-        return dest
+
+def _join(spec: PartedGGUF, dest: Path) -> None:
+    """Copy the parts into a partial file (size and sha256 of each checked as it is copied), renamed to ``dest``
+    only when every part matched."""
     paths = spec.check_sizes()
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{spec.filename}.")
+    tmp = partial_file(dest)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "wb") as out:
             for n, (path, (_, sha)) in enumerate(zip(paths, spec.parts), start=1):
                 digest = hashlib.sha256()
                 with open(path, "rb") as part:
@@ -94,8 +109,27 @@ def assemble(spec: PartedGGUF, folder: Path) -> Path:
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def assemble(spec: PartedGGUF, folder: Path) -> Path:
+    """``folder/spec.filename``, joined from the parts once and checked against their recorded sha256 at every
+    call (it is read only to build the safetensors cache). A damaged joined file is joined again, with a
+    warning; what an interrupted join left is removed first (speclab/cache_files.py)."""
+    dest = folder / spec.filename
+    legacy = re.compile(rf"\.{re.escape(spec.filename)}\.[a-z0-9_]{{8}}")  # the temporary files of an earlier speclab
+    if dest.is_file() and joined_problem(spec, dest) is None:
+        sweep_partials(dest, legacy)
+        return dest
+    with building(dest, legacy):
+        problem = joined_problem(spec, dest) if dest.is_file() else "is missing"
+        if problem is None:
+            return dest  # another process joined it while this one waited
+        if dest.exists():
+            warnings.warn(f"joined file {str(dest)!r} {problem}: joining it again from the parts", RuntimeWarning,
+                          stacklevel=2)
+        _join(spec, dest)
     return dest
 
 

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from speclab.cache import crop_to, forward_logits, new_cache
 from speclab.timing import Stopwatch
-from speclab.tree import Tree, tree_forward, tree_inputs
+from speclab.tree import Tree, check_tree_model, tree_forward, tree_inputs
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ def tree_pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, node_count
     Counts are interleaved round by round, as in ``pass_times``."""
     if any(n < 1 for n in node_counts):
         raise ValueError(f"tree node counts {node_counts} are not allowed: each must be >= 1")
+    check_tree_model(model)
     device = prompt_ids.device
     gen = torch.Generator(device="cpu").manual_seed(0)
     cache = new_cache(model)

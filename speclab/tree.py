@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speclab.checks import shown
+from speclab.tree_support import tree_mask_problem
 
 
 @dataclass
@@ -115,8 +116,13 @@ TREE_ATTENTION = ("sdpa", "eager")
 
 
 def check_tree_model(model: torch.nn.Module) -> None:
-    """A tree pass needs an attention path that takes a custom 4D mask with explicit position ids."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager"
+    """A tree pass needs an attention path that takes a custom 4D mask with explicit position ids: not ALiBi
+    (Bloom, MPT), not a forward without position ids (``speclab.tree_support``)."""
+    config = getattr(model, "config", None)
+    problem = tree_mask_problem(type(model), config) if config is not None else None
+    if problem:
+        raise ValueError(f"{problem}: it cannot verify a tree; use a chain (drafter model, prompt_lookup or hybrid)")
+    impl = getattr(config, "_attn_implementation", None) or "eager"
     if impl not in TREE_ATTENTION:
         raise ValueError(f"attention implementation {shown(impl)} of {type(model).__name__} cannot verify a tree "
                          f"(it takes no custom 4D mask): allowed are {list(TREE_ATTENTION)}")

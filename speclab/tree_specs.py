@@ -76,6 +76,65 @@ class TreeSpec:
     def depth(self) -> int:
         return len(self.args["branching"]) if self.family == "static" else int(self.args["depth"])
 
+    @property
+    def children_asked(self) -> int:
+        """The most candidates one node asks of the draft's vocabulary (0 for lookup trees: they copy text)."""
+        if self.family == "static":
+            return max(self.args["branching"])
+        return int(self.args["topk"]) if self.family == "dynamic" else 0
+
+    def size(self, vocab: int, max_depth: int, context: int) -> "TreeSize":
+        """The largest tree of this shape one iteration can build: a draft of ``vocab`` tokens, at most
+        ``max_depth`` deep (the job's token budget), after ``context`` tokens (lookup trees: at most one
+        branch per earlier position). Counts saturate at ``CAP`` (a size no machine holds)."""
+        depth = max(0, min(self.depth, max_depth))
+        if self.family == "lookup":
+            branches = min(int(self.args["branches"]), max(context, 1))
+            return TreeSize(min(branches * depth, CAP), 0, 0, 0)
+        if self.family == "static":
+            widths, width = [], 1
+            for b in self.args["branching"][:depth]:
+                width = min(width * min(b, vocab), CAP)
+                widths.append(width)
+            fed = widths[:-1]
+            return TreeSize(min(sum(widths), CAP), min(sum(fed), CAP), max(fed, default=0), len(fed))
+        topk, t = int(self.args["topk"]), min(int(self.args["topk"]), vocab)
+        # Level d holds the frontier's children (frontier x t); the next frontier is the level's topk best, fed
+        # to the draft for level d + 1. Once the frontier stops changing every later level is the same.
+        candidates = fed = widest = d = 0
+        frontier = 1  # the root
+        while d < depth:
+            level = frontier * t
+            candidates, d = candidates + level, d + 1
+            if d == depth:
+                break
+            nxt = min(topk, level)
+            fed, widest = fed + nxt, max(widest, nxt)
+            if nxt == frontier:
+                rest = depth - d
+                candidates, fed = candidates + rest * level, fed + (rest - 1) * nxt
+                break
+            frontier = nxt
+        candidates = min(candidates, CAP)
+        return TreeSize(min(int(self.args["nodes"]), candidates), min(fed, CAP), widest, max(depth - 1, 0),
+                        candidates)
+
+
+CAP = 10**15
+
+
+@dataclass(frozen=True)
+class TreeSize:
+    """One iteration's tree at its largest: the ``nodes`` the target verifies; the nodes the draft model is fed
+    (``draft_fed`` in all, ``draft_widest`` in its widest call, over ``draft_levels`` calls after the catch-up);
+    ``candidates``: what a dynamic tree scores before keeping its ``nodes`` best."""
+
+    nodes: int
+    draft_fed: int
+    draft_widest: int
+    draft_levels: int
+    candidates: int = 0
+
 
 def parse_tree(spec: str | Mapping[str, Any]) -> TreeSpec:
     """A tree shape as a family and its arguments; one-line errors. ``spec`` is a short spec (a ``stage.trees``
@@ -107,10 +166,25 @@ def is_tree(drafter: str) -> bool:
     return str(drafter).startswith(PREFIX)
 
 
+def too_many_children(spec: TreeSpec, vocab: int | None) -> str | None:
+    """Why ``spec`` cannot be drafted from a vocabulary of ``vocab`` tokens (it asks more candidates per node
+    than there are tokens), or None."""
+    asked = spec.children_asked
+    if vocab is None or asked <= vocab:
+        return None
+    what = "children per node" if spec.family == "static" else "top-k candidates per node"
+    return (f"tree {spec.label} asks {asked:,} {what}, more than the draft's vocabulary of {vocab:,} tokens: "
+            f"use at most {vocab:,}")
+
+
 def make_tree_drafter(spec: TreeSpec, draft_model: Any, ngram: dict | None = None) -> Any:
     """A new tree drafter of this shape; the pair's draft model goes to the families that run one, the job's
-    n-gram sizes (``ngram``: max_ngram, min_ngram) to prompt-lookup trees."""
+    n-gram sizes (``ngram``: max_ngram, min_ngram) to prompt-lookup trees. A shape asking more candidates per
+    node than the draft's vocabulary has is refused before the drafter exists."""
     fam = FAMILIES[spec.family]
+    if fam.uses_model and (problem := too_many_children(spec, getattr(getattr(draft_model, "config", None),
+                                                                      "vocab_size", None))):
+        raise ValueError(problem)
     extra = {"model": draft_model} if fam.uses_model else dict(ngram or {})
     return fam.cls(**extra, **spec.args)
 

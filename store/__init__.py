@@ -3,7 +3,10 @@
     layout      outputs/campaigns/<campaign>/<stage>/<pair>-<config hash>.parquet: stage and campaign names, paths
     files       atomic writes
     records     a stage file: its schema, its provenance record and content hash (write, read, check), the git commit it names
-    manifest    published campaigns: the PUBLISHED marker with every file's checksum (python -m store.manifest CAMPAIGN)
+    manifest    published campaigns: PUBLISHED lists every file's sha256 (python -m store.manifest CAMPAIGN publishes)
+    seal        PUBLISHED.sha256: which campaigns are published, with their manifests' sha256 (a lost manifest is caught)
+    extend      adding a job to a published campaign on purpose (python -m store.extend CAMPAIGN -- OVERRIDES)
+    credentials  credentials in URIs: found, masked for every record and line, made connectable
     identity    config identity: a job's config hash, and the keys that say where it ran rather than what it measured
     compat      keys and columns added after results were stored, at the values that reproduce them
     plans       the latest plan

@@ -1,4 +1,5 @@
-"""File locks that die with their process: one writer per job, one creator per tracking store.
+"""File locks that die with their process: one writer per job, one creator per tracking store, one extension
+of a published campaign at a time.
 
 ``flock`` locks are released by the kernel when their process ends, however it ends (SIGKILL,
 out of memory), so a lock file left on disk never blocks anyone: only a live holder does.
@@ -74,6 +75,13 @@ def job_lock_path(outputs_dir: str | Path, campaign: str, stage: str, config_has
     """The lock of one job's stage file: one writer per (campaign, stage, config hash)."""
     campaign_dir(outputs_dir, campaign)  # the campaign name is checked like everywhere else
     return Path(outputs_dir) / LOCKS / campaign / f"{stage}-{config_hash}.lock"
+
+
+def extension_paths(outputs_dir: str | Path, campaign: str) -> tuple[Path, Path]:
+    """The lock one extension of a published campaign holds (``store.extend``), and the permit it leaves for
+    the jobs it starts while it runs."""
+    folder = Path(outputs_dir) / LOCKS / campaign_dir(outputs_dir, campaign).name
+    return folder / "extend.lock", folder / "extend.permit"
 
 
 def tracking_store_lock(uri: str) -> ContextManager[None]:

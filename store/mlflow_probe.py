@@ -11,13 +11,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
+from store.credentials import has_masked_secret, redact
+
 PROBE_TIMEOUT_S = 3.0
 # No retries and a short timeout: a server that accepts connections but never answers must not hold us.
 QUICK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(PROBE_TIMEOUT_S))}
 
 
 def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
+    """The error's first line, its URIs' credentials masked (MLflow's errors name the URL they called)."""
+    text = redact(str(err)).strip().splitlines()
     return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
 
 
@@ -41,6 +44,10 @@ def unreachable(uri: str) -> str | None:
 
     Creating a sqlite store here, once, also keeps parallel jobs from racing on its schema.
     """
+    if has_masked_secret(uri):
+        return (f"{uri} holds a masked credential (***) and this process was not given the credential itself: "
+                "give the URI on the command line of the process that starts the jobs, with a launcher that passes "
+                "its environment on, or set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD / MLFLOW_TRACKING_TOKEN")
     parsed = urlparse(uri)
     if parsed.scheme == "sqlite":
         db = uri.removeprefix("sqlite:///")

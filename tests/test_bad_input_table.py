@@ -144,6 +144,12 @@ CASES = [
      "sampling.do_sample=True, sampling.temperature=0.7 is not used by stage=divergence"),
     (["stage=timing", "drafter=hybrid"], "drafter=hybrid is not used by stage=timing (its stages ['timing'] read none of"),
     (["stage=timing", "sampling.top_p=0.9"], "sampling.top_p=0.9 is not used by stage=timing"),
+    # A key of another option of the group: which options read it and what this one reads instead.
+    (["stage=timing", "stage.ks=[2]"], "stage.ks is not read by the timing stage (it is a key of stage=acceptance, "
+                                       "speed"),
+    (["stage=timing", "stage.ks=[2]"], "the timing stage reads stage.pass_lengths, stage.repeats"),
+    (["stage=speed", "stage.pass_lengths=[2]"], "stage.pass_lengths is not read by the speed stage (it is a key of "
+                                                "stage=timing"),
     # Ranges that used to end in a traceback (or a MemoryError with runs left RUNNING).
     (["threads=100000"], "threads=100000 is not allowed: use an integer >= 0 (0 keeps torch's default) and <= "),
     (["seed=18446744073709551616"], "seed=18446744073709551616 is not allowed: use an integer >= 0 and <= "

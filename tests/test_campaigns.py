@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from analysis import drift, jobs
-from analysis.common import read_stage, run_script
+from analysis.common import read_stage, read_stage_if_any, run_script
 from analysis.inputs import AnalysisError
 from analysis.jobs import job_table
+from store.manifest import publish
 from store.records import read_meta, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,3 +136,16 @@ def test_campaign_without_results_is_one_line(workdir, outputs, capsys):
 def test_campaign_must_be_a_folder_name(outputs, name):
     with pytest.raises(AnalysisError, match="is not a campaign name"):
         read_stage(outputs, "speed", name)
+
+
+@pytest.mark.parametrize("read", [read_stage, read_stage_if_any])
+def test_a_published_campaign_that_lost_a_file_is_read_by_no_path(outputs, read):
+    """Even a stage the campaign holds no file of: the campaign as a whole is as published, or unread."""
+    publish(outputs, "reference")
+    gone = outputs / "campaigns" / "reference" / "timing" / TIMING[0].name
+    gone.unlink()
+    for stage in ("speed", "batch"):
+        with pytest.raises(AnalysisError) as err:
+            read(outputs, stage, "reference")
+        assert str(err.value) == f"{gone} is missing: {outputs / 'campaigns' / 'reference' / 'PUBLISHED'} lists it"
+    assert not read_stage(outputs, "speed", "scratch").empty  # an unpublished campaign reads as before

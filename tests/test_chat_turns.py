@@ -98,6 +98,10 @@ def test_turns_joined_plainly_without_a_tokenizer():
         conversation_ids(long, long.turns, [], None, False, 64, dev)
 
 
+ABOUT = {"prompt_id": "q1", "turn": 1, "target": "t", "dtype": "float32", "max_new_tokens": 6, "chat_template": True,
+         "context_tokens": 4}
+
+
 def test_stored_answer_is_generated_once(tmp_path):
     calls = []
 
@@ -106,13 +110,17 @@ def test_stored_answer_is_generated_once(tmp_path):
         return [5, 6, 2]
 
     tok = _tokenizer()
-    first, made = stored_answer(tmp_path, "abc", generate, tok, {"prompt_id": "q1"})
-    again, made_again = stored_answer(tmp_path, "abc", generate, tok, {"prompt_id": "q1"})
+    first, made = stored_answer(tmp_path, "abc", generate, tok, ABOUT, len(tok))
+    again, made_again = stored_answer(tmp_path, "abc", generate, tok, ABOUT, len(tok))
     assert (made, made_again, len(calls)) == (True, False, 1)
-    assert first == again == Answer((5, 6, 2), "hello world")  # EOS left out of the text
-    assert json.loads((tmp_path / "abc.json").read_text())["prompt_id"] == "q1"
-    (tmp_path / "abc.json").write_text("{not json")  # a damaged file is remade, not trusted
-    assert stored_answer(tmp_path, "abc", generate, tok, {})[0] == first and len(calls) == 2
+    assert first.answer == again.answer == Answer((5, 6, 2), "hello world")  # EOS left out of the text
+    assert first.sha256 == again.sha256 and again.hash_in_file
+    written = json.loads((tmp_path / "abc.json").read_text())
+    assert written["prompt_id"] == "q1" and written["content_sha256"] == first.sha256
+    (tmp_path / "abc.json").write_text("{not json")  # a damaged file is an error, never silently remade
+    with pytest.raises(ValueError, match=r"^stored answer '.*abc.json' \(the first turn of prompt 'q1'\) is not valid JSON"):
+        stored_answer(tmp_path, "abc", generate, tok, ABOUT, len(tok))
+    assert len(calls) == 1
 
 
 def test_two_turn_context_reuses_the_stored_answer(tmp_path, counted):
@@ -132,7 +140,10 @@ def test_two_turn_context_reuses_the_stored_answer(tmp_path, counted):
     assert tokens[:4] == ["<|user|>", "hello", "world", "<|assistant|>"] and tokens[-1] == "<|assistant|>"
     assert made.ids["t1"].tolist() == encode(TEXT, tok, len(tok), pair.device).tolist()  # auto: YAML text raw
     assert made.record == {"chat_template": "auto", "template_used": "mixed", "two_turn_prompts": 1,
-                           "answers_dir": str(answers_dir(cfg.outputs_dir, "scratch"))}
+                           "answers_dir": str(answers_dir(cfg.outputs_dir, "scratch")),
+                           "answers": {"q1": {"file": stored[0].name, "content_sha256": answer["content_sha256"],
+                                              "hash_in_file": True}}}
+    assert again.record == made.record  # read back: the same file and hash
     # another max_new_tokens is another answer
     prompt_inputs(make_cfg(tmp_path, "stage=speed", "max_new_tokens=5"), pair, [CHAT], k_max=4)
     assert len(counted) == 2
@@ -193,6 +204,10 @@ def test_user_jsonl_with_two_turns_through_the_pipeline(tmp_path, counted):
     assert df[df.arm == "speculative"].identical_to_plain.all()
     meta = read_meta(output_path(speed, "speed"))
     assert meta["prompt_format"]["two_turn_prompts"] == 2 and meta["prompt_format"]["template_used"] == "off"
+    files = {p.name: json.loads(p.read_text()) for p in answers_dir(speed.outputs_dir, "scratch").glob("*.json")}
+    # the provenance names each answer's file and content hash
+    assert {q: (a["file"], a["content_sha256"]) for q, a in meta["prompt_format"]["answers"].items()} == \
+        {f["prompt_id"]: (name, f["content_sha256"]) for name, f in files.items()}
     acceptance = make_cfg(tmp_path, "stage=acceptance", "k=3", *common)
     run_parts(acceptance)
     assert len(counted) == 2  # another job, other arms: the same stored answers

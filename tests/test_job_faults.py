@@ -223,3 +223,65 @@ def test_dead_tracking_server_costs_seconds_not_minutes(tmp_path, server):
     said = [ln for ln in res.stderr.splitlines() if "unreachable" in ln]
     assert len(said) == 1, res.stderr
     assert elapsed < 60, f"{elapsed:.0f} s"
+
+
+def _fresh_tracking_state(monkeypatch) -> None:
+    import pipeline.tracking as tracking
+
+    monkeypatch.setattr(tracking, "_down", {})
+    monkeypatch.setattr(tracking, "_said", set())
+    for var in (tracking.DOWN_ENV, tracking.DOWN_WHY_ENV, tracking.PARENT_ENV, tracking.SWEEP_PID_ENV):
+        monkeypatch.setenv(var, "")  # recorded, so that what the job sets is undone after the test
+        monkeypatch.delenv(var)
+
+
+def test_a_full_disk_under_the_tracking_store_never_stops_the_measurement(tmp_path, monkeypatch, capsys):
+    import errno
+    from contextlib import contextmanager
+
+    import pipeline.tracking as tracking
+
+    _fresh_tracking_state(monkeypatch)
+
+    @contextmanager
+    def full(uri):  # writing the lock beside the sqlite file: what a full disk does to the first write
+        raise OSError(errno.ENOSPC, "No space left on device")
+        yield
+
+    monkeypatch.setattr(tracking, "tracking_store_lock", full)
+    cfg, uri = _tracked(tmp_path)
+    run_parts(cfg)
+    assert check_stage_file(output_path(cfg, "acceptance"), acceptance.SCHEMA, config_hash(cfg)) is None
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "No space left on device" in ln]
+    assert len(said) == 1 and f"MLflow at {uri} is unreachable" in said[0] and ": :" not in said[0], said
+
+
+def _can_mount_tmpfs() -> bool:
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and unshare to mount a small tmpfs")
+def test_a_sqlite_store_on_a_full_disk_costs_a_joblib_sweep_nothing(tmp_path):
+    """A real full disk: a 1 MiB tmpfs, filled, in a mount namespace of the job's own (gone when it exits)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    uri = f"sqlite:///{full}/mlflow.db"
+    job = [sys.executable, "-m", "pipeline.run", "-m", "k=1,2", "+launcher=joblib", "pair=tiny_random",
+           "stage=acceptance", "max_new_tokens=4", "prompts.per_kind=1", f"outputs_dir={tmp_path / 'outputs'}",
+           f"mlflow.tracking_uri={uri}", f"hydra.sweep.dir={tmp_path}/sweep"]
+    script = (f"mount -t tmpfs -o size=1m tmpfs {full} && (dd if=/dev/zero of={full}/fill bs=64k 2>/dev/null; true)"
+              ' && exec "$@"')
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for var in ("SPECLAB_TRACKING_DOWN", "SPECLAB_TRACKING_DOWN_WHY"):
+        env.pop(var, None)
+    res = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *job], cwd=ROOT, capture_output=True,
+                         text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(list((tmp_path / "outputs").rglob("*.parquet"))) == 2
+    said = [ln for ln in res.stderr.splitlines() if "unreachable" in ln or "failed" in ln]
+    assert len(said) == 1 and uri in said[0] and "No space left on device" in said[0], res.stderr[-3000:]
+    assert "speclab: error" not in res.stderr

@@ -116,3 +116,40 @@ def test_a_named_draft_takes_its_own_dtype(draft_dtype, weight_dtype):
     ids = torch.tensor([[1, 2, 3]])
     assert (speculative_generate(pair.target, pair.draft, ids, 8, k=2).tokens
             == plain_greedy(pair.target, ids, 8).tokens)
+
+
+def test_a_changed_byte_in_the_joined_file_is_joined_again(parted, tmp_path):
+    """A joined file is checked against the parts' recorded sha256 at every use, not trusted by its size."""
+    spec, _ = parted
+    out = assemble(spec, tmp_path / "cache")
+    data = bytearray(out.read_bytes())
+    data[len(PARTS[0]) + 5] ^= 0x40  # one bit inside part 2, same size
+    out.write_bytes(data)
+    with pytest.warns(RuntimeWarning, match=r"joined file .*fake.gguf' differs from part 2 .*joining it again") as rec:
+        assert assemble(spec, tmp_path / "cache") == out
+    assert all("\n" not in str(w.message) for w in rec)
+    assert out.read_bytes() == b"".join(PARTS)
+
+
+def test_an_interrupted_join_is_removed_by_the_next_one(parted, tmp_path):
+    """A join killed half-way (SIGKILL: no cleanup runs) leaves its partial file; the next join removes it, and
+    the temporary file names of an earlier speclab too."""
+    import signal
+    import subprocess
+
+    spec, _ = parted
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    code = ("import os, signal\nfrom pathlib import Path\nfrom speclab.cache_files import building, partial_file\n"
+            f"dest = Path({str(cache / spec.filename)!r})\n"
+            "with building(dest):\n"
+            "    tmp = partial_file(dest)\n"
+            "    tmp.write_bytes(b'G' * 100_000)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    (cache / ".fake.gguf.k2j_x9q0").write_bytes(b"G" * 1000)  # mkstemp's name in an earlier speclab
+    assert sum(p.name.startswith(".fake.gguf.partial-") for p in cache.iterdir()) == 1
+    with pytest.warns(RuntimeWarning, match="left by an interrupted build"):
+        out = assemble(spec, cache)
+    assert [p.name for p in cache.iterdir()] == [out.name]

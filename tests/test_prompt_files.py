@@ -142,3 +142,25 @@ def test_chat_template_auto_keeps_old_hashes_and_on_off_are_new_jobs(tmp_path):
     assert config_hash(cfg) == store_hash(before, {}, neutral=HASH_NEUTRAL)
     hashes = {config_hash(make_cfg(tmp_path, "stage=speed", f"prompts.chat_template={v}")) for v in ("on", "off")}
     assert len(hashes) == 2 and config_hash(cfg) not in hashes
+
+
+@pytest.mark.parametrize("name", ["mine.JSONL", "mine.Jsonl", "mine.jsonl"])
+def test_jsonl_suffix_in_any_case_is_jsonl(tmp_path, name):
+    path = _jsonl(tmp_path, [_item(1, "chat", ["Hello?"])], name)
+    assert [(p.id, p.kind, p.chat) for p in load_prompts(str(path), ["chat"])] == [("1", "chat", True)]
+
+
+DEEP = "[" * 200_000 + "]" * 200_000
+
+
+@pytest.mark.parametrize("name, lines, message", [
+    ("deep.jsonl", [json.dumps(_item(1)), DEEP], r"^line 2 of '.*deep.jsonl' nests too deep to read: write one JSON"),
+    ("deep.yaml", ["- {id: a, kind: prose, text: hi}", f"- {DEEP}"],
+     r"^prompt file '.*deep.yaml' nests too deep to read \(more than \d+ brackets deep at line 2\)"),
+])
+def test_deeply_nested_line_is_one_line_naming_file_and_line(tmp_path, name, lines, message):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=message) as exc:
+        load_prompts(str(path), ["writing"])
+    assert "\n" not in str(exc.value)

@@ -212,3 +212,96 @@ def test_only_runs_of_dead_processes_on_this_host_are_closed(tmp_path):
     status = {name: client.get_run(rid).info.status for name, rid in ids.items()}
     assert status == {"alive": "RUNNING", "dead": "KILLED", "pid_reused": "KILLED", "zombie": "KILLED",
                       "other_host": "RUNNING", "not_ours": "RUNNING"}
+
+
+TINY = ("pair=tiny_random", "stage=acceptance", "max_new_tokens=4", "prompts.per_kind=1", "device=cpu")
+
+
+def _sweep(tmp_path: Path, patch: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    """A tiny multirun in its own process group, ``patch`` applied in every process (sitecustomize); its
+    stdout and stderr go to files (a pipe nobody reads could fill and stall it)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(patch)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    for var in (tracking.DOWN_ENV, tracking.DOWN_WHY_ENV, "HYDRA_FULL_ERROR"):
+        env.pop(var, None)
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    args = ["-m", *TINY, f"outputs_dir={tmp_path / 'outputs'}", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+            f"hydra.sweep.dir={tmp_path}/sweep", *extra]
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.run", *args], cwd=ROOT, env=env, stdout=stdout,
+                                stderr=stderr, start_new_session=True)
+    return proc, out, err
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Whatever is left of the multirun's process group (its workers included) is killed."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+# Job k=2's worker is killed outright (as by the out-of-memory killer) once its models are loaded; k=1 runs in the
+# other worker meanwhile, and k=3 waits for a free worker.
+WORKER_KILLED = ("import os, signal, time, pipeline.stages.acceptance as a\n"
+                 "real = a.run\n"
+                 "def run(ctx):\n"
+                 "    if int(ctx.cfg.k) == 2:\n"
+                 "        os.kill(os.getpid(), signal.SIGKILL)\n"
+                 "    time.sleep(3)\n"
+                 "    return real(ctx)\n"
+                 "a.run = run\n")
+
+
+@pytest.mark.slow
+def test_a_dead_joblib_worker_fails_its_job_alone(tmp_path):
+    db = tmp_path / "mlflow.db"
+    proc, out, err = _sweep(tmp_path, WORKER_KILLED, "k=1,2,3", "+launcher=joblib")
+    try:
+        proc.wait(timeout=400)
+    finally:
+        _end_group(proc)
+    stdout, stderr = out.read_text(), err.read_text()
+    assert proc.returncode == 2, stderr[-3000:]
+    assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1] == "speclab: error: job #1 (k=2) failed: worker killed by signal 9, SIGKILL"
+    # The summary is true: every job, the dead one named with why, and the MLflow run it is logged on.
+    assert "multirun of 3 jobs" in stdout, stdout[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in stdout.splitlines() if line.startswith("|") and "k=" in line}
+    assert "| computed" in rows["0"] and "| computed" in rows["2"], rows
+    assert "failed: worker killed by signal 9" in rows["1"], rows
+    assert "MLflow: experiment 'speclab'" in stdout and "MLflow: not logged" not in stdout
+    assert len(list((tmp_path / "outputs").rglob("*.parquet"))) == 2
+    # Every run ended: the dead job's KILLED, the sweep's FAILED, the others' FINISHED (none cut short).
+    assert "RUNNING" not in _statuses(db).values()
+    assert _levels(db, "KILLED") == ["stage"]
+    assert _levels(db, "FAILED") == ["sweep"]
+    assert _levels(db, "FINISHED").count("stage") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, signum, to_group", [
+    ("basic", signal.SIGINT, True),  # Ctrl-C in a terminal reaches every process of the multirun
+    ("joblib", signal.SIGINT, True),
+    ("joblib", signal.SIGTERM, False),  # kill PID, or a scheduler's polite stop: the multirun's process only
+])
+def test_an_interrupted_multirun_says_one_line_and_ends_its_runs(tmp_path, launcher, signum, to_group):
+    db = tmp_path / "mlflow.db"
+    extra = ["+launcher=joblib"] if launcher == "joblib" else []
+    proc, _, err = _sweep(tmp_path, SLOW, "k=1,2", *extra)
+    try:
+        _wait_for(_running(db, "stage", 2 if launcher == "joblib" else 1), proc, "RUNNING stage runs")
+        (os.killpg if to_group else os.kill)(proc.pid, signum)
+        proc.wait(timeout=120)
+    finally:
+        _end_group(proc)
+    stderr = err.read_text()
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and "%|" not in ln and "it/s]" not in ln]
+    what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert proc.returncode == 128 + signum, stderr[-3000:]
+    assert lines == [lines[0]] and lines[0].startswith(f"speclab: {what}: "), stderr[-3000:]
+    assert "RUNNING" not in _statuses(db).values()
+    assert "sweep" in _levels(db, "KILLED") and "stage" in _levels(db, "KILLED")

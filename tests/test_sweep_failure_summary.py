@@ -18,3 +18,11 @@ def test_the_summary_names_the_killed_job(tmp_path, monkeypatch, capsys):
     assert "status: 1 computed, 1 killed" in out
     summary_after_failure()  # the folder is said once: the variable is used up
     assert capsys.readouterr().out == ""
+
+
+def test_no_summary_when_no_job_got_as_far_as_its_record(tmp_path, monkeypatch, capsys):
+    """Every job refused its config: the error line says it all, no "multirun of 0 jobs" table before it."""
+    (tmp_path / "0").mkdir()
+    monkeypatch.setenv(SWEEP_DIR_ENV, str(tmp_path))
+    summary_after_failure()
+    assert capsys.readouterr().out == ""
