@@ -234,6 +234,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     except KeyboardInterrupt as err:
         stopped = True
         _stop(slots, running, polite=getattr(err, "signum", signal.SIGINT) == signal.SIGINT)
+        # A job interrupted while its run was being created cannot end a run it never got the id of: once its
+        # worker is gone, every RUNNING run of a dead process is ended KILLED here.
+        slots.close(kill=True)
+        end_runs_of_dead_workers()
         raise
     finally:
         slots.close(kill=stopped)

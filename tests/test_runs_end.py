@@ -305,3 +305,33 @@ def test_an_interrupted_multirun_says_one_line_and_ends_its_runs(tmp_path, launc
     assert lines == [lines[0]] and lines[0].startswith(f"speclab: {what}: "), stderr[-3000:]
     assert "RUNNING" not in _statuses(db).values()
     assert "sweep" in _levels(db, "KILLED") and "stage" in _levels(db, "KILLED")
+
+
+# Ctrl-C lands while job k=2's stage run is being created: the run exists in the store, but the job never got its
+# id back, so the job itself cannot end it.
+CTRL_C_IN_CREATE_RUN = ("import os, signal, time, mlflow\n"
+                        "real = mlflow.MlflowClient.create_run\n"
+                        "def create_run(self, experiment_id, *args, **kwargs):\n"
+                        "    run = real(self, experiment_id, *args, **kwargs)\n"
+                        "    tags = kwargs.get('tags') or {}\n"
+                        "    if tags.get('level') == 'stage' and str(kwargs.get('run_name')).startswith('k2 '):\n"
+                        "        os.killpg(0, signal.SIGINT)\n"
+                        "        time.sleep(5)\n"
+                        "    return run\n"
+                        "mlflow.MlflowClient.create_run = create_run\n"
+                        "import pipeline.stages.acceptance as a\n"
+                        "a.run = lambda ctx: time.sleep(120)\n")
+
+
+@pytest.mark.slow
+def test_a_run_being_created_when_ctrl_c_lands_is_ended_too(tmp_path):
+    db = tmp_path / "mlflow.db"
+    proc, _, err = _sweep(tmp_path, CTRL_C_IN_CREATE_RUN, "k=1,2", "+launcher=joblib")
+    try:
+        proc.wait(timeout=180)
+    finally:
+        _end_group(proc)
+    stderr = err.read_text()
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert _levels(db, "KILLED").count("stage") >= 1, _statuses(db)
+    assert "RUNNING" not in _statuses(db).values()
