@@ -46,6 +46,9 @@ _down: dict[str, str] = {}  # tracking URI -> why it cannot be used, found out o
 _said: set[str] = set()  # URIs whose outage was already reported by this process
 MULTIRUN_DOWN = "found unreachable when the multirun started"  # how tracking_problem's why begins in a multirun
 log = logging.getLogger("speclab")
+# MLflow logs a database error as a traceback on its own stderr handler (an interrupt inside a sqlite commit, a
+# locked or full store) before raising it; Tracker._call says the outage once, in one line, instead.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def environment_tags(device: str, dtype: str) -> dict[str, str]:

@@ -42,3 +42,18 @@ def test_a_key_of_another_stage_is_never_suggested_back(stage, key):
     line = error_line(exc.value)
     assert f"did you mean stage.{key}=" not in line and f"stage.{key} is not read by the" in line, line
     assert "\n" not in line
+
+
+def test_mlflows_database_error_traceback_never_reaches_the_console(capfd):
+    # An interrupt or a lock inside a sqlite commit: MLflow logs the error with its traceback on its own stderr
+    # handler before raising; the tracker says the outage in one line, so that traceback must not print.
+    import mlflow.store.db.utils as db_utils
+
+    import pipeline.tracking  # noqa: F401 - what the pipeline's processes import
+
+    try:
+        raise RuntimeError("database is locked")
+    except RuntimeError:
+        db_utils._logger.exception("SQLAlchemy database error. The following exception is caught.\n%s", "x")
+    out, err = capfd.readouterr()
+    assert "SQLAlchemy database error" not in out + err
