@@ -22,7 +22,7 @@ from pathlib import Path
 
 from store.files import atomic_write_text
 from store.layout import STAGES, StoreError, campaign_dir, campaigns
-from store.seal import MANIFEST, read_seals, seal_campaign, seal_path
+from store.seal import MANIFEST, checksum_lines, read_seals, seal_campaign, seal_path
 
 EXTEND = "python -m store.extend {campaign} -- OVERRIDES"
 
@@ -62,13 +62,7 @@ def read_manifest(folder: str | Path) -> dict[str, str]:
     path = manifest_path(folder)
     if not path.is_file():
         return {}
-    entries = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        digest, sep, name = line.partition("  ")
-        if not sep or len(digest) != 64 or not name:
-            raise StoreError(f"{path} line {number} is not '<sha256>  <file>' (damaged or edited): restore it from git")
-        entries[name] = digest
-    return entries
+    return {name: digest for digest, name in checksum_lines(path, "<sha256>  <file>")}
 
 
 def files_problem(folder: str | Path, listed: dict[str, str], allow_extra: bool = False) -> str | None:

@@ -8,6 +8,7 @@ campaign, the format ``sha256sum -c PUBLISHED.sha256`` reads in that folder. Onl
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from store.files import atomic_write_text
@@ -24,21 +25,29 @@ def seal_path(campaigns_dir: str | Path) -> Path:
     return Path(campaigns_dir) / SEAL
 
 
+def checksum_lines(path: Path, form: str, name_ok: Callable[[str], bool] = bool) -> Iterator[tuple[str, str]]:
+    """(sha256, name) of each line of ``path`` in sha256sum's ``<sha256>  <name>`` format (manifests and seals);
+    StoreError naming the file and the line when one is not ``form`` or its name fails ``name_ok``."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        digest, sep, name = line.partition("  ")
+        if not (sep and len(digest) == 64 and name_ok(name)):
+            raise StoreError(f"{path} line {number} is not '{form}' (damaged or edited): restore it from git")
+        yield digest, name
+
+
+def _sealed_manifest(name: str) -> bool:
+    campaign, slash, manifest = name.partition("/")
+    return bool(slash and manifest == MANIFEST and NAME.match(campaign))
+
+
 def read_seals(campaigns_dir: str | Path) -> dict[str, str]:
     """Published campaign -> sha256 of its manifest ({} when nothing was ever sealed there); StoreError naming
     the seal and the line when a line is not ``<sha256>  <campaign>/PUBLISHED``."""
     path = seal_path(campaigns_dir)
     if not path.is_file():
         return {}
-    seals = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        digest, sep, name = line.partition("  ")
-        campaign, slash, manifest = name.partition("/")
-        if not (sep and slash and len(digest) == 64 and manifest == MANIFEST and NAME.match(campaign)):
-            raise StoreError(f"{path} line {number} is not '<sha256>  <campaign>/{MANIFEST}' (damaged or edited): "
-                             "restore it from git")
-        seals[campaign] = digest
-    return seals
+    lines = checksum_lines(path, f"<sha256>  <campaign>/{MANIFEST}", _sealed_manifest)
+    return {name.partition("/")[0]: digest for digest, name in lines}
 
 
 def seal_campaign(campaigns_dir: str | Path, campaign: str, digest: str) -> Path:

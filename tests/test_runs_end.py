@@ -235,6 +235,16 @@ def _sweep(tmp_path: Path, patch: str, *extra: str) -> tuple[subprocess.Popen, P
     return proc, out, err
 
 
+def _sweep_to_end(tmp_path: Path, patch: str, timeout: float, *extra: str) -> tuple[int, str, str]:
+    """``_sweep`` waited for (its process group ended whatever happens): exit status, stdout, stderr."""
+    proc, out, err = _sweep(tmp_path, patch, *extra)
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        _end_group(proc)
+    return proc.returncode, out.read_text(), err.read_text()
+
+
 def _end_group(proc: subprocess.Popen) -> None:
     """Whatever is left of the multirun's process group (its workers included) is killed."""
     try:
@@ -259,13 +269,8 @@ WORKER_KILLED = ("import os, signal, time, pipeline.stages.acceptance as a\n"
 @pytest.mark.slow
 def test_a_dead_joblib_worker_fails_its_job_alone(tmp_path):
     db = tmp_path / "mlflow.db"
-    proc, out, err = _sweep(tmp_path, WORKER_KILLED, "k=1,2,3", "+launcher=joblib")
-    try:
-        proc.wait(timeout=400)
-    finally:
-        _end_group(proc)
-    stdout, stderr = out.read_text(), err.read_text()
-    assert proc.returncode == 2, stderr[-3000:]
+    status, stdout, stderr = _sweep_to_end(tmp_path, WORKER_KILLED, 400, "k=1,2,3", "+launcher=joblib")
+    assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr, stderr[-3000:]
     assert stderr.splitlines()[-1] == "speclab: error: job #1 (k=2) failed: worker killed by signal 9, SIGKILL"
     # The summary is true: every job, the dead one named with why, and the MLflow run it is logged on.
@@ -326,12 +331,7 @@ CTRL_C_IN_CREATE_RUN = ("import os, signal, time, mlflow\n"
 @pytest.mark.slow
 def test_a_run_being_created_when_ctrl_c_lands_is_ended_too(tmp_path):
     db = tmp_path / "mlflow.db"
-    proc, _, err = _sweep(tmp_path, CTRL_C_IN_CREATE_RUN, "k=1,2", "+launcher=joblib")
-    try:
-        proc.wait(timeout=180)
-    finally:
-        _end_group(proc)
-    stderr = err.read_text()
-    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    status, _, stderr = _sweep_to_end(tmp_path, CTRL_C_IN_CREATE_RUN, 180, "k=1,2", "+launcher=joblib")
+    assert status == 128 + signal.SIGINT, stderr[-3000:]
     assert _levels(db, "KILLED").count("stage") >= 1, _statuses(db)
     assert "RUNNING" not in _statuses(db).values()
