@@ -355,6 +355,63 @@ class TrustConf:
                             doc="fewer runs per arm (repeats per timing) than this give no interval")
 
 
+ENGINE_ARMS_EXAMPLE = "[{},{drafter:ngram-simple,default:true},{drafter:model,ks:[6],settings:{p_min:0.8}}]"
+
+
+def _engine_arms(v: Any) -> bool:
+    from speclab.engines.llama_arms import check_settings
+    if not isinstance(v, (list, ListConfig)):
+        return False
+    try:
+        for e in v:
+            e = OmegaConf.to_container(e) if isinstance(e, DictConfig) else dict(e)
+            unknown = set(e) - {"drafter", "ks", "settings", "default"}
+            ks = e.get("ks")
+            if unknown or (ks is not None and (not list(ks) or any(isinstance(k, bool) or not isinstance(k, int)
+                                                                   or k < 1 for k in ks))):
+                return False
+            check_settings(str(e.get("drafter") or "model"), e.get("settings"))
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+@dataclass
+class SpeclabEngineConf:
+    """speclab's own loops (the default): every stage, every drafter, policy and tree."""
+    _target_: str = setting("pipeline.engine_speclab.SpeclabRunner", neutral="pipeline.engine_speclab.SpeclabRunner",
+                            doc="the runner class (instantiated with the job's context)")
+    name: str = setting("speclab", neutral="speclab", doc="the engine that runs the arms (conf/engine/)")
+
+
+@dataclass
+class LlamaCppEngineConf:
+    """llama.cpp's llama-server (speclab/engines/): one server per configuration, on 127.0.0.1."""
+    _target_: str = same_as(SpeclabEngineConf, "_target_", "pipeline.engine_llama.LlamaRunner")
+    name: str = same_as(SpeclabEngineConf, "name", "llama_cpp")
+    binary: str = setting("", doc="a llama-server executable; empty: the build of `make llama-cpp` (speclab cache)")
+    threads: int = setting(2, int_in(1, MAX_THREADS, f"an integer >= 1 and <= {MAX_THREADS}"),
+                           doc="the server's threads (-t and -tb)")
+    ctx_size: int = setting(2048, int_at_least(64), doc="the server's context (-c): prompt + new tokens + drafts")
+    cache_prompt: bool = setting(False, doc="false: every request prefills its prompt (as speclab's loop); true: "
+                                            "the server reuses a cached common prefix")
+    port: int = setting(0, int_in(0, 65535, "0 (a free port per server) or a port number <= 65535"),
+                        doc="0: each server on a free port; N: servers on N, N+1, ...")
+    startup_timeout_s: float = setting(180.0, number_in(0, float("inf"), lo_open=True), doc="wait for /health")
+    draft_model: str = setting("", doc="the draft GGUF (a model name or a path); empty: the pair's draft where it "
+                                       "is a GGUF model, else the target's own file (a copy)")
+    extra_args: list[str] = setting([], doc="more llama-server options, added to every server")
+    arms: list[Any] = setting([{}, {"drafter": "ngram-simple", "default": True}],
+                              (_engine_arms, "a list of llama.cpp arm entries {drafter, ks, settings, default}, "
+                                             f"e.g. {ENGINE_ARMS_EXAMPLE} (speclab/engines/llama_arms.py)"),
+                              doc="the configurations a speed job runs beside plain decoding; drafter: model "
+                                  "(draft-simple) or an n-gram type; ks: null (stage.ks) or a list; settings: the "
+                                  "type's other options; default: llama.cpp's own settings")
+
+
+ENGINES = {conf().name: conf for conf in (SpeclabEngineConf, LlamaCppEngineConf)}
+
+
 @dataclass
 class SpeclabConf:
     pair: PairConf = MISSING
@@ -363,6 +420,7 @@ class SpeclabConf:
     stage: Any = MISSING
     drafter: Any = MISSING
     k_policy: Any = MISSING
+    engine: Any = MISSING
     mlflow: MlflowConf = field(default_factory=MlflowConf)
     trust: TrustConf = field(default_factory=TrustConf)
     device: str = setting("auto", matches(DEVICE, "one of auto, cpu, cuda, cuda:N, mps"), doc="auto | cpu | cuda[:N]")
@@ -394,12 +452,13 @@ STAGE_SCHEMAS = {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": 
 SCHEMAS: dict[str, tuple[type, ...]] = {
     "": (SpeclabConf,), "trust.": (TrustConf,), "mlflow.": (MlflowConf,), "pair.": (PairConf,),
     "prompts.": (PromptsConf,), "sampling.": (SamplingConf,), "drafter.": tuple(DRAFTERS.values()),
-    "k_policy.": tuple(K_POLICIES.values()), "stage.": tuple(STAGE_SCHEMAS.values())}
+    "k_policy.": tuple(K_POLICIES.values()), "stage.": tuple(STAGE_SCHEMAS.values()),
+    "engine.": tuple(ENGINES.values())}
 # A group's option is a file as much as a schema: its name is checked against both.
 OPTION_CHECKS: dict[str, Check] = {
     f"{group}.name": ((lambda v, group=group, schemas=schemas: v in options(group, schemas)),
                       f"one of {options(group, schemas)}")
-    for group, schemas in (("drafter", DRAFTERS), ("k_policy", K_POLICIES))}
+    for group, schemas in (("drafter", DRAFTERS), ("k_policy", K_POLICIES), ("engine", ENGINES))}
 CHECKS: dict[str, Check] = checks(SCHEMAS, first=OPTION_CHECKS)
 HASH_NEUTRAL = neutral_table(SCHEMAS)  # the keys a job's config hash leaves out at their neutral value
 COST_MODEL_ARM_KEYS = arm_hashed(CostModelKConf)  # pipeline/job_inputs.py
@@ -408,7 +467,8 @@ COST_MODEL_ARM_KEYS = arm_hashed(CostModelKConf)  # pipeline/job_inputs.py
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="speclab_schema", node=SpeclabConf)
-    for group, options in {"stage": STAGE_SCHEMAS, "drafter": DRAFTERS, "k_policy": K_POLICIES}.items():
+    for group, options in {"stage": STAGE_SCHEMAS, "drafter": DRAFTERS, "k_policy": K_POLICIES,
+                           "engine": ENGINES}.items():
         for name, node in options.items():
             cs.store(group=f"schema/{group}", name=name, node=node)
 
@@ -432,7 +492,8 @@ def schema_keys() -> list[str]:
     keys = [k for k in _schema_keys(SpeclabConf) if k not in ("pair", "prompts", "sampling")]
     for group, typ in (("pair", PairConf), ("prompts", PromptsConf), ("sampling", SamplingConf)):
         keys += _schema_keys(typ, f"{group}.")
-    for group, schemas in (("stage", STAGE_SCHEMAS), ("drafter", DRAFTERS), ("k_policy", K_POLICIES)):
+    for group, schemas in (("stage", STAGE_SCHEMAS), ("drafter", DRAFTERS), ("k_policy", K_POLICIES),
+                           ("engine", ENGINES)):
         keys += sorted({k for typ in schemas.values() for k in _schema_keys(typ, f"{group}.")} - {f"{group}._target_"})
     return keys
 

@@ -29,6 +29,12 @@ class StageContext:
     _prices: CostTable | None = None
     prompt_record: dict[str, Any] = field(default_factory=dict)  # how the contexts were made (provenance)
     load: LoadSampler = field(default_factory=LoadSampler)  # the stage's load averages (pipeline/trust.py)
+    runner: Any = None  # the engine that runs the arms (pipeline/engine_speclab.py, pipeline/engine_llama.py)
+
+    def close(self) -> None:
+        """Stop what the engine started (llama.cpp's servers); speclab's own loop holds nothing."""
+        if self.runner is not None:
+            self.runner.close()
 
     def prices(self, policy: str | None = None) -> CostTable | None:
         """The price table the k policy ``policy`` (None: the job's) reads, if it reads one: measured on
@@ -67,8 +73,21 @@ def set_threads(cfg: DictConfig) -> None:
 
 
 def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageContext:
-    """Load the pair and build the prompts' contexts (pipeline/turns.py); every prompt is checked to fit before
-    any stage computes."""
+    """The job's engine (``engine`` group, built with ``instantiate``) loads what it runs and builds the prompts'
+    contexts (pipeline/turns.py); every prompt is checked to fit before any stage computes."""
+    from hydra.utils import instantiate
+
+    prompts = prompts if prompts is not None else load_job_prompts(cfg)
+    runner = instantiate(cfg.engine) if "engine" in cfg else None
+    if runner is None or runner.name == "speclab":
+        ctx = own_context(cfg, prompts)
+        ctx.runner = runner
+        return ctx
+    return runner.context(cfg, prompts)
+
+
+def own_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageContext:
+    """speclab's own loop: load the pair (torch) and build the prompts' ids."""
     set_threads(cfg)
     torch.manual_seed(int(cfg.seed))
     prompts = prompts if prompts is not None else load_job_prompts(cfg)

@@ -177,6 +177,8 @@ def run_parts(cfg: DictConfig) -> None:
         status = "KILLED"
         raise
     finally:
+        if job.ctx is not None:
+            job.ctx.close()  # an engine's servers stop here on every way out (and die with this process anyway)
         job.runs.close(status, job.parts)
 
 

@@ -77,12 +77,34 @@ def _stage_rows(cfg: DictConfig) -> int:
     return max([1, *(int(b) for b in st.get("batch_sizes") or [])]) if "batch" in list(st.parts) else 1
 
 
-def prompt_inputs(cfg: DictConfig, pair: ModelPair, prompts: list[Prompt], k_max: int) -> PromptInputs:
+@dataclass
+class PromptModels:
+    """What building contexts needs of an engine: the tokenizer, where ids go, the vocabulary, each model's context
+    and sliding window, the target's plain greedy answer to a first turn, and what names those answers' weights
+    (the answer store's key: speclab's dtype, or llama.cpp's GGUF type)."""
+    tokenizer: Any | None
+    device: Any
+    vocab: int | None
+    limits: dict[str, int | None]
+    windows: dict[str, int | None]
+    answer: Callable[[torch.Tensor], list[int]]
+    weights: str
+
+    @classmethod
+    def of_pair(cls, cfg: DictConfig, pair: ModelPair) -> PromptModels:
+        n_new = int(cfg.max_new_tokens)
+        return cls(pair.tokenizer, pair.device, pair.target.config.vocab_size,
+                   {"target": context_limit(pair.target), "draft": context_limit(pair.draft)},
+                   {"target": sliding_window(pair.target), "draft": sliding_window(pair.draft)},
+                   lambda c: plain_greedy(pair.target, c, n_new, pair.eos_token_id).tokens, str(cfg.pair.dtype))
+
+
+def prompt_inputs(cfg: DictConfig, pair: ModelPair | None, prompts: list[Prompt], k_max: int,
+                  models: PromptModels | None = None) -> PromptInputs:
     """Every prompt's ids, checked to fit before any generation; first-turn answers made or read."""
-    tok, device, n_new = pair.tokenizer, pair.device, int(cfg.max_new_tokens)
-    vocab = pair.target.config.vocab_size
-    limits = {"target": context_limit(pair.target), "draft": context_limit(pair.draft)}
-    windows = {"target": sliding_window(pair.target), "draft": sliding_window(pair.draft)}
+    models = models or PromptModels.of_pair(cfg, pair)
+    tok, device, n_new = models.tokenizer, models.device, int(cfg.max_new_tokens)
+    vocab, limits, windows = models.vocab, models.limits, models.windows
     rows = _stage_rows(cfg)
     template = {p.id: uses_template(str(cfg.prompts.chat_template), tok, p) for p in prompts}
 
@@ -107,12 +129,12 @@ def prompt_inputs(cfg: DictConfig, pair: ModelPair, prompts: list[Prompt], k_max
     made, used = 0, {}
     for p in (p for p in prompts if len(p.turns) > 1):
         context = first[p.id][0].tolist()
-        key = answer_key(str(cfg.pair.target), str(cfg.pair.dtype), p.id, context, n_new)
-        about = {"prompt_id": p.id, "turn": 1, "target": str(cfg.pair.target), "dtype": str(cfg.pair.dtype),
+        key = answer_key(str(cfg.pair.target), models.weights, p.id, context, n_new)
+        about = {"prompt_id": p.id, "turn": 1, "target": str(cfg.pair.target), "dtype": models.weights,
                  "device": str(device), "max_new_tokens": n_new, "chat_template": template[p.id],
                  "context_tokens": len(context)}
         stored, generated = stored_answer(
-            folder, key, lambda c=first[p.id]: plain_greedy(pair.target, c, n_new, pair.eos_token_id).tokens, tok, about,
+            folder, key, lambda c=first[p.id]: models.answer(c), tok, about,
             vocab)
         made += generated
         used[p.id] = {"file": f"{key}.json", HASH: stored.sha256, "hash_in_file": stored.hash_in_file}

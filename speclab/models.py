@@ -328,6 +328,26 @@ def _check_tokenizer_fits(name: str, model: torch.nn.Module, tokenizer: Any) -> 
                          "model's vocab_size tokens (the pair save_pretrained wrote)")
 
 
+def load_tokenizer(name: str) -> Any | None:
+    """The tokenizer of a model by name (no weights loaded): a packaged model's from its checked safetensors
+    cache when built, else from its GGUF file; a folder's or Hugging Face id's own; None for a tiny random model."""
+    from transformers import AutoTokenizer
+
+    if name.endswith(".gguf") and Path(name).expanduser().is_file():
+        path = Path(name).expanduser()
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model_source(name)
+    if name.startswith(TINY_RANDOM):
+        return None
+    if name in PACKAGED_GGUF or name in PARTED_GGUF:
+        folder = _cache_folder(name)
+        if check_folder(folder).state == "ok":
+            return AutoTokenizer.from_pretrained(folder)
+        gguf = packaged_gguf_path(name)
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(name)
+
+
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, Any | None]:
     """A model and its tokenizer by registered name, Hugging Face id, or local folder."""
     kind, source = model_source(name)

@@ -18,6 +18,7 @@ import yaml
 from pipeline import trust
 from pipeline.jobs import output_path
 from pipeline.run import run_parts
+from pipeline import engine_speclab
 from pipeline.stages import speed, timing
 from pipeline.stages.common import arm_run_name, grouped_metrics, run_name, speedup_metrics, speedup_text
 from pipeline_helpers import make_cfg
@@ -121,7 +122,7 @@ def _fake_machine(monkeypatch, load: float, drift: float) -> None:
         f = 1.0 if len(calls) == 1 else drift
         return 0.010 * f, 0.002 * f, {k: 0.012 * f for k in ks}
 
-    monkeypatch.setattr(speed, "step_times", step_times)
+    monkeypatch.setattr(engine_speclab, "step_times", step_times)
 
 
 def _stage_runs(uri: str):

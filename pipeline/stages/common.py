@@ -27,9 +27,12 @@ def generator(ctx: StageContext, offset: int = 0) -> torch.Generator:
 
 def identity(ctx: StageContext) -> dict:
     """Columns every row carries so files from different runs can be pooled."""
-    cfg = ctx.cfg
-    return {"pair": str(cfg.pair.name), "target": str(cfg.pair.target), "draft": str(cfg.pair.draft),
-            "device": str(ctx.pair.device), "dtype": str(cfg.pair.dtype), "config_hash": ctx.config_hash}
+    cfg, runner = ctx.cfg, ctx.runner
+    own = runner is None or runner.name == "speclab"
+    return {"pair": str(cfg.pair.name), "target": str(cfg.pair.target),
+            "draft": str(cfg.pair.draft) if own else runner.draft_label, "device": str(ctx.pair.device),
+            "dtype": str(cfg.pair.dtype) if own else runner.weights(cfg), "config_hash": ctx.config_hash,
+            "engine": "speclab" if own else runner.name}
 
 
 def memory_columns(ctx: StageContext) -> dict:
@@ -158,5 +161,7 @@ def speedup_text(m: dict[str, float]) -> str:
 TRUST_FIELDS = [("trust", "string"), ("trust_detail", "string")]
 MEMORY_FIELDS = [("param_devices", "string"), ("rss_bytes", "int64"), ("device_free_bytes", "int64"),
                  ("memory_trusted", "bool"), ("memory_reason", "string")]
+# engine: which engine ran the rows (speclab's loop, llama_cpp); dtype: the weights as that engine ran them (a
+# torch dtype, or llama.cpp's ``gguf:<type>``).
 IDENTITY_FIELDS = [("pair", "string"), ("target", "string"), ("draft", "string"), ("device", "string"),
-                   ("dtype", "string"), ("config_hash", "string")]
+                   ("dtype", "string"), ("config_hash", "string"), ("engine", "string")]
