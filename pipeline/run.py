@@ -26,6 +26,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from pipeline.config_schema import ConfigError, check_config, register  # noqa: E402
 from pipeline.context import StageContext, build_context, load_job_prompts, set_threads  # noqa: E402
+from pipeline.engine_checks import check_engine  # noqa: E402
 from pipeline.errors import Interrupted, JobEnded, error_line, interrupted_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
 from pipeline.job_runs import JobRuns, format_tags  # noqa: E402
@@ -67,6 +68,7 @@ def validate(cfg: DictConfig):
     """Every check that needs no model; returns the stage parts to run and the prompts."""
     check_config(cfg, STAGES)
     check_used(cfg, list(cfg.stage.parts))
+    check_engine(cfg, list(cfg.stage.parts))  # what llama.cpp cannot run, refused before anything loads
     if not str(cfg.outputs_dir).strip():  # an empty folder name would put results in the folder run from
         raise ConfigError(f"outputs_dir={str(cfg.outputs_dir)!r} is not allowed: use a folder path "
                           "(default: outputs/ in the folder you run from)")

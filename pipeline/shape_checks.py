@@ -271,7 +271,10 @@ def check_tree_support(cfg: DictConfig, trees: list[tuple[str, TreeSpec]], targe
 
 def check_shapes(cfg: DictConfig, prompts: list[Prompt], free: int | None = None) -> None:
     """Refuse, in one line and before any model loads, a shape the pair cannot run here (see the module doc).
-    ``free``: the bytes to compare with (default: what the job's device has free now)."""
+    ``free``: the bytes to compare with (default: what the job's device has free now). An engine other than
+    speclab's loop runs its own files (llama.cpp: GGUF as shipped, checked by its runner before a server starts)."""
+    if str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab") != "speclab":
+        return
     target, draft = pair_models(cfg)
     trees = _tree_arms(cfg)
     check_tree_support(cfg, trees, target, draft)

@@ -23,6 +23,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import LlamaConfig
 
+from speclab.cache_dir import cache_root  # noqa: F401 - its one home; models' callers import it here
 from speclab.cache_files import building, check_folder, partial_dir, record_folder, replace_dir, sweep_partials
 from speclab.checks import check_vocabularies, vocab_size
 from speclab.parted_gguf import PARTED_MODELS, PartedGGUF, assemble
@@ -76,19 +77,6 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not allowed: use one of {sorted(DTYPES)}")
     return DTYPES[dtype]
-
-
-def cache_root() -> Path:
-    """The folder for converted weights: SPECLAB_CACHE, else ~/.cache/speclab (created when first needed)."""
-    env = os.environ.get("SPECLAB_CACHE")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "speclab"
-    # The nearest existing folder on the way must be a folder, or every later mkdir fails deep inside.
-    blocker = next((p for p in (root, *root.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        where = f"SPECLAB_CACHE={env!r}" if env else f"the weights cache {str(root)!r}"
-        raise ValueError(f"{where} cannot be used: {str(blocker)!r} is a file; the cache needs a folder "
-                         "(an existing one or a path that can be created)")
-    return root
 
 
 def packaged_gguf_path(name: str) -> Path:

@@ -19,9 +19,20 @@ def _finished(path: Path) -> str:
     return str(read_meta(path).get("finished_at", ""))
 
 
-def latest_plan_file(outputs_dir: str | Path, campaign: str, pair: str) -> Path | None:
-    """``pair``'s plan file in ``campaign`` that finished last (None: the campaign has no plan of it)."""
-    files = sorted(stage_paths(outputs_dir, campaign, "plan", pair), key=_finished)
+def _engine(path: Path) -> str:
+    """The engine a plan file was made for (files written before engines: speclab's loop)."""
+    import pyarrow.parquet as pq
+
+    if "engine" not in pq.read_schema(path).names:
+        return "speclab"
+    engines = pd.read_parquet(path, columns=["engine"]).engine.unique()
+    return str(engines[0]) if len(engines) else "speclab"
+
+
+def latest_plan_file(outputs_dir: str | Path, campaign: str, pair: str, engine: str = "speclab") -> Path | None:
+    """``pair``'s plan file for ``engine`` in ``campaign`` that finished last (None: the campaign has no such plan):
+    a plan names one engine's settings, so a llama.cpp job never follows speclab's plan or the other way round."""
+    files = sorted((p for p in stage_paths(outputs_dir, campaign, "plan", pair) if _engine(p) == engine), key=_finished)
     return files[-1] if files else None
 
 

@@ -34,7 +34,12 @@ def pytest_addoption(parser):
                      help="run the tests marked qwen (the Qwen2.5-Coder pair: minutes each; make test-qwen)")
 
 
+LLAMA_MISSING = "no llama.cpp build (make llama-cpp builds it into the speclab cache)"
+LLAMA_REQUIRED = pytest.StashKey[bool]()
+
+
 def pytest_collection_modifyitems(config, items):
+    _llama_cpp_items(items)
     # The Qwen pair's tests load 2.4 GB of weights and decode at a few tokens a second: they run on
     # request (make test-qwen), not in make test.
     if config.getoption("--qwen"):
@@ -43,3 +48,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "qwen" in item.keywords:
             item.add_marker(skip)
+
+
+def _llama_cpp_items(items) -> None:
+    """Tests marked llama_cpp need the build of `make llama-cpp`: without it they are skipped, or, where
+    SPECLAB_REQUIRE_LLAMA=1 (CI, which builds it first), they fail, so a broken build cannot pass as skips."""
+    marked = [item for item in items if item.get_closest_marker("llama_cpp")]
+    if not marked:
+        return
+    from speclab.engines.llama_build import installed
+
+    if installed() is not None:
+        return
+    required = os.environ.get("SPECLAB_REQUIRE_LLAMA") == "1"
+    for item in marked:
+        if required:
+            item.stash[LLAMA_REQUIRED] = True
+        else:
+            item.add_marker(pytest.mark.skip(reason=LLAMA_MISSING))
+
+
+def pytest_runtest_setup(item):
+    if item.stash.get(LLAMA_REQUIRED, False):
+        pytest.fail(f"SPECLAB_REQUIRE_LLAMA=1 and {LLAMA_MISSING}", pytrace=False)

@@ -7,12 +7,14 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext, job_k_max
+from pipeline.engine_checks import on_llama
 from pipeline.trees import job_tree_drafter
 from speclab.tree_specs import is_tree, parse_tree
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, ks_label, run_name, sampling_config, stage_ks
 from speclab.acceptance import alpha_hat
+from speclab.arms import Arm
 from speclab.cost_model import expected_tokens_per_iteration
 from speclab.loop import speculative_generate
 from speclab.replay import Replay
@@ -95,6 +97,8 @@ def measured_configurations(cfg: DictConfig, confs: list[tuple[str, str, int]]) 
 
 
 def run(ctx: StageContext) -> StageOutput:
+    if on_llama(ctx):
+        return summarize(pd.DataFrame(engine_rows(ctx), columns=SCHEMA.names), ctx.cfg)
     cfg, pair = ctx.cfg, ctx.pair
     sampling = sampling_config(cfg)
     gen = generator(ctx)
@@ -135,6 +139,30 @@ def run(ctx: StageContext) -> StageOutput:
     return summarize(df, cfg)
 
 
+def engine_rows(ctx: StageContext) -> list[dict]:
+    """llama.cpp's requests (engine=llama_cpp): one row per prompt and speculative configuration of
+    ``engine.arms``, its counters as the server reports them (proposed: drafted, accepted; draft_calls: the
+    target's passes after the prompt); it does not time its iterations' parts (NaN)."""
+    cfg, runner = ctx.cfg, ctx.runner
+    sampling, gen = sampling_config(cfg), generator(ctx)
+    arms = [a for a in runner.arms(ctx, stage_ks(cfg, "acceptance_ks")) if a.method == "speculative"]
+    nan = float("nan")
+    rows = []
+    for arm in arms:
+        for prompt in tqdm(ctx.prompts, desc=f"acceptance llama.cpp {arm.label}", leave=False):
+            ids = ctx.inputs[prompt.id]
+            r = runner.request(ctx, arm, ids, gen)
+            rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, **arm.columns(),
+                         "do_sample": sampling.do_sample, "temperature": sampling.temperature,
+                         "top_k": sampling.top_k, "top_p": sampling.top_p, "iteration": 0, "proposed": r.drafted,
+                         "accepted": r.accepted, "bonus": False, "new_tokens": len(r.tokens),
+                         "prompt_len": ids.shape[1], "length": ids.shape[1] + len(r.tokens), "draft_fed": 0,
+                         "draft_calls": r.iterations, "draft_s": nan, "verify_s": nan, "rollback_s": nan,
+                         "total_s": r.decode_s, "prefill_s": r.prompt_s, "wall_s": r.wall_s, "with_prompt": False,
+                         "replayed": False, "replay_agrees": nan, "tree_nodes": 0.0, "draft_call_width": nan})
+    return rows
+
+
 def loop_rows(res, common: dict, agrees: list[float]) -> list[dict]:
     """A run's rows, one per iteration of the loop (chain or tree)."""
     return [{**common, "iteration": i, "proposed": it.k, "accepted": it.accepted, "bonus": it.bonus,
@@ -171,8 +199,44 @@ def describe(cfg: DictConfig) -> str:
     return run_name(cfg, "acceptance", [ks_label(stage_ks(cfg, "acceptance_ks"))])
 
 
+def engine_summarize(df: pd.DataFrame) -> StageOutput:
+    """An engine's per-request rows (llama.cpp): alpha = accepted / drafted per configuration and kind, and
+    the tokens per target pass; per-position acceptance is not counted by the engine."""
+    arms, summary = [], []
+    for (k, drafter, policy), conf in df.groupby(["k", "drafter", "k_policy"], sort=True):
+        first = conf.iloc[0]
+        label = Arm("speculative", int(k) or None, str(policy), str(drafter), str(first.engine)).label
+        for kind, sub in by_kind(conf):
+            arms.append(ArmResult(
+                f"{label} {kind}",
+                {"k": int(k), "kind": kind, "drafter": drafter, "k_policy": policy, "engine": str(first.engine),
+                 "do_sample": bool(first.do_sample), "temperature": float(first.temperature),
+                 "top_k": int(first.top_k), "top_p": float(first.top_p)},
+                {"alpha": proposal_efficiency(sub), "proposal_efficiency": proposal_efficiency(sub),
+                 "tokens_per_pass": passes_rate(sub, "new_tokens"), "drafted_per_pass": passes_rate(sub, "proposed"),
+                 "iterations": int(sub.draft_calls.sum()), "requests": len(sub), "prompts": sub.prompt_id.nunique()}))
+        pooled = arms[-1].metrics
+        summary.append(f"{first.engine} {label}: alpha {pooled['alpha']:.3f} (accepted/drafted, "
+                       f"{int(conf.accepted.sum())}/{int(conf.proposed.sum())}); {pooled['drafted_per_pass']:.2f} "
+                       f"drafted and {pooled['tokens_per_pass']:.2f} tokens per target pass, {len(conf)} requests")
+        for kind, sub in conf.groupby("kind", sort=False):
+            per_prompt = ", ".join(f"{pid} {proposal_efficiency(s):.2f}" for pid, s in sub.groupby("prompt_id", sort=False))
+            summary.append(f"  {kind:10s} alpha {proposal_efficiency(sub):.3f} (per prompt: {per_prompt})")
+    metrics = {"alpha_all_k": proposal_efficiency(df), "iterations": int(df.draft_calls.sum()), "requests": len(df),
+               **single_arm_metrics([a for a in arms if a.params["kind"] == "all"] or arms)}
+    return StageOutput(df, metrics, summary, arms)
+
+
+def passes_rate(df: pd.DataFrame, column: str) -> float:
+    """``column`` summed per target pass (draft_calls on an engine's rows)."""
+    passes = df.draft_calls.sum()
+    return float(df[column].sum() / passes) if passes else float("nan")
+
+
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """Headline numbers of an acceptance result: per k and kind (child runs), and for the job."""
+    if "engine" in df and len(df) and (df.engine != "speclab").all():
+        return engine_summarize(df)
     arms, summary = [], []
     for (k, drafter, policy), at_k in df.groupby(["k", "drafter", "k_policy"], sort=True):
         first = at_k.iloc[0]

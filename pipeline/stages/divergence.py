@@ -1,20 +1,27 @@
 """Stage divergence: where speculative greedy differs from plain greedy, is it a near-tie or a bug?"""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from omegaconf import DictConfig
 import torch
 from tqdm import tqdm
 
 from pipeline.context import StageContext
+from pipeline.engine_checks import on_llama
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, ks_label, run_name, stage_ks
 from pipeline.stages.options import unused_note
 from speclab.divergence import classify, first_difference, recompute_logits
+from speclab.arms import PLAIN
+from speclab.engines import llama_arms
+from speclab.engines.llama_cpp import EngineRun, sampling_payload
 from speclab.loop import plain_greedy, speculative_generate
 
 WAYS = ("single_step", "verify_pass", "full_prefill")
+TOP_N = 2  # llama.cpp's probabilities asked at each new token: the top two, whose gap tells a near-tie
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("round", "int32"), ("identical", "bool"),
     ("position", "int32"), ("plain_token", "int64"), ("spec_token", "int64"), ("plain_text", "string"),
@@ -46,7 +53,67 @@ def analyse(ctx: StageContext, ids: torch.Tensor, plain: list[int], spec: list[i
     return row
 
 
+def engine_analyse(ctx: StageContext, ids: list[int], plain: EngineRun, spec: list[int], k: int) -> dict:
+    """The divergence record of one llama.cpp plain/speculative pair. At the first difference the engine's own
+    top-2 log-probabilities of that next token, three ways: the plain run's (one-token steps; the prompt's pass
+    at position 0), one pass over the last k + 1 tokens after the rest cached (a check's batch shape), one pass
+    over the whole context. A log-probability differs from the logit by the same constant for every token, so
+    each gap log(p_plain / p_spec) is the logit gap. A near-tie: the speculative token is the plain run's
+    runner-up and the widest gap is within ``stage.tie_nats``, or a recomputation ranks it first."""
+    pos = first_difference(plain.tokens, spec)
+    if pos is None or pos >= min(len(plain.tokens), len(spec)):
+        return {"identical": pos is None, "position": -1 if pos is None else pos, "classification": "identical"
+                if pos is None else "length_only"}
+    p_tok, s_tok = plain.tokens[pos], spec[pos]
+    context = ids + plain.tokens[:pos]
+    ways = {"full_prefill" if pos == 0 else "single_step": plain.top_probs[pos],
+            "verify_pass": ctx.runner.top_probs(context, TOP_N, batch=k + 1),
+            **({} if pos == 0 else {"full_prefill": ctx.runner.top_probs(context, TOP_N)})}
+    row = {"identical": False, "position": pos, "plain_token": p_tok, "spec_token": s_tok,
+           "plain_text": token_text(ctx, p_tok), "spec_text": token_text(ctx, s_tok), "top_logit": float("nan"),
+           "ulp": float("nan"), "gap_ulps": float("nan")}
+    gaps, flipped = [], False
+    for way, top in ways.items():
+        logp = {t: math.log(p) for t, p in top if p > 0}
+        lp, ls = logp.get(p_tok, float("nan")), logp.get(s_tok, float("nan"))
+        row.update({f"logit_plain_{way}": lp, f"logit_spec_{way}": ls, f"gap_{way}": lp - ls})
+        if not (math.isnan(lp) or math.isnan(ls)):
+            gaps.append(abs(lp - ls))
+        flipped |= bool(top) and top[0][0] == s_tok
+    runner_up = len(plain.top_probs[pos]) > 1 and plain.top_probs[pos][1][0] == s_tok
+    (_, p1), *rest = plain.top_probs[pos] or [(None, float("nan"))]
+    # the speculative token outside the plain run's top 2: the gap is at least the top-2 one
+    row["max_gap"] = max(gaps) if gaps else (math.log(p1) - math.log(rest[0][1]) if rest else float("nan"))
+    near = runner_up and (flipped or row["max_gap"] <= float(ctx.cfg.stage.tie_nats))
+    row["classification"] = "near_tie" if near else "bug"
+    return row
+
+
+def token_text(ctx: StageContext, token: int) -> str:
+    tok = ctx.pair.tokenizer
+    return tok.decode([token]) if tok else str(token)
+
+
+def engine_run(ctx: StageContext) -> list[dict]:
+    """llama.cpp (engine=llama_cpp): per round and prompt one plain request with the top-2 probabilities of every
+    new token, and per k one request of its draft-model configuration at k, greedy."""
+    cfg, runner = ctx.cfg, ctx.runner
+    n_new, rows = int(cfg.max_new_tokens), []
+    greedy = sampling_payload(False, 1.0, 0, 1.0, 0)  # temperature 0: the probabilities are the full softmax's
+    for r in range(int(cfg.stage.rounds)):
+        for prompt in tqdm(ctx.prompts, desc=f"divergence llama.cpp round {r}", leave=False):
+            ids = ctx.inputs[prompt.id][0].tolist()
+            plain = runner.engine.generate(PLAIN, ids, n_new, greedy, n_probs=TOP_N)
+            for k in stage_ks(cfg):
+                spec = runner.engine.generate(llama_arms.arm("model", k), ids, n_new, greedy).tokens
+                rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
+                             "round": int(cfg.round) + r, **engine_analyse(ctx, ids, plain, spec, k)})
+    return rows
+
+
 def run(ctx: StageContext) -> StageOutput:
+    if on_llama(ctx):
+        return summarize(pd.DataFrame(engine_run(ctx), columns=SCHEMA.names), ctx.cfg)
     cfg, pair = ctx.cfg, ctx.pair
     ks = stage_ks(cfg)
     n_new = int(cfg.max_new_tokens)
@@ -80,9 +147,12 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     summary = [f"outputs identical in {int(df.identical.sum())} of {len(df)} runs (k in {ks}); "
                f"{metrics['near_ties']} near-ties, {metrics['bugs']} not explained by rounding"]
     for row in diverged.itertuples():
+        where = (f"gap {row.max_gap:.4g} = {row.gap_ulps:.1f} ulp at top logit {row.top_logit:.2f}"
+                 if row.engine == "speclab" else
+                 f"gap {row.max_gap:.3f} nats in {row.engine}'s own top-2 log-probabilities "
+                 f"(near-tie within {float(cfg.stage.get('tie_nats', 0.5)):g})")
         summary.append(f"  {row.prompt_id} k={row.k} token {row.position}: plain {row.plain_text!r} vs speculative "
-                       f"{row.spec_text!r}, gap {row.max_gap:.4g} = {row.gap_ulps:.1f} ulp at top logit "
-                       f"{row.top_logit:.2f} -> {row.classification}")
+                       f"{row.spec_text!r}, {where} -> {row.classification}")
     arms = []
     for k, sub in df.groupby("k", sort=True):
         div = sub[~sub.identical.astype(bool)]

@@ -12,6 +12,9 @@ from omegaconf import DictConfig
 from pipeline.context import StageContext
 from pipeline.jobs import output_path
 from store.records import make_schema
+from speclab.engine_plan import engine_costs, predict_requests
+from speclab.engines.llama_arms import pasted_flags
+from speclab.arms import Arm
 from speclab.planning import calibrate, predict_runs, recommend
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name
@@ -36,8 +39,11 @@ def _this_job(cfg: DictConfig, stage: str) -> pd.DataFrame:
 def run(ctx: StageContext) -> StageOutput:
     cfg = ctx.cfg
     timing, acc = (_this_job(cfg, s) for s in NEEDS)
-    model = calibrate(timing, acc)
-    rec = recommend(predict_runs(model, acc), int(cfg.stage.bootstrap), float(cfg.stage.level))
+    if ctx.runner is not None and ctx.runner.name != "speclab":  # an engine's own costs and counters
+        pred = predict_requests(engine_costs(timing), acc)
+    else:
+        pred = predict_runs(calibrate(timing, acc), acc)
+    rec = recommend(pred, int(cfg.stage.bootstrap), float(cfg.stage.level))
     rows = rec.assign(**identity(ctx), level=float(cfg.stage.level), prompt_ids=",".join(sorted(acc.prompt_id.unique())))
     return summarize(rows, cfg)
 
@@ -49,6 +55,8 @@ def describe(cfg: DictConfig) -> str:
 def choice_text(r) -> str:
     if r.drafter == "none":
         return "plain decoding (no speculation)"
+    if getattr(r, "engine", "speclab") == "llama_cpp":  # the flags a user adds to their llama-server command
+        return pasted_flags(Arm("speculative", int(r.k) or None, str(r.k_policy), str(r.drafter), "llama_cpp"))
     policy = "" if r.k_policy == "fixed" else f" {r.k_policy}"
     k = f" k={r.k}" if r.k_policy == "fixed" else ""
     return f"{r.drafter}{policy}{k}"

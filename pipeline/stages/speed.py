@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.context import StageContext
@@ -115,8 +115,16 @@ def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
                          f"run `python -m pipeline.run +sweep=plan campaign={cfg.campaign}` first")
     rec = pd.read_parquet(plan)
     rec = rec[rec.recommended]
-    return {str(r.kind): Arm("recommended", int(r.k) or None, str(r.k_policy), str(r.drafter))
+    engine = str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
+    return {str(r.kind): Arm("recommended", int(r.k) or None, str(r.k_policy), str(r.drafter), engine)
             for r in rec.itertuples()}
+
+
+def engine_counts(runs: pd.DataFrame) -> dict[str, float]:
+    """An engine's counters per request (mean_k is drafted per target pass; acceptance_rate accepted / drafted)."""
+    drafted = runs.mean_k * runs.iterations
+    return {"drafted_per_request": float(drafted.mean()),
+            "accepted_per_request": float((drafted * runs.acceptance_rate.fillna(0.0)).mean())}
 
 
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
@@ -139,6 +147,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
+                 **(engine_counts(s) if "engine" in s and (s.engine != "speclab").all() else {}),
                  **({"tree_nodes": s.tree_nodes.mean()} if arm.is_tree else {})}))
     drift = max(max(a / b, b / a) for a, b in zip(after, before))
     metrics = {"plain_tokens_per_s": plain.tokens_per_s.median(), "identical_share": spec.identical_to_plain.mean(),
@@ -152,8 +161,12 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                f"draft {1e3 * before[1]:.1f}/{1e3 * after[1]:.1f} ms (drift x{drift:.2f})"]
     for arm in arms:
         m = arm.metrics
+        if m.get("drafted_per_request") is not None:  # an engine that counts per request, not per iteration part
+            parts = (f"per request {m['drafted_per_request']:.1f} drafted, {m['accepted_per_request']:.1f} accepted "
+                     f"(the engine's counters)")
+        else:
+            parts = (f"per iteration draft {m['draft_ms_per_iter']:.1f} ms, verify {m['verify_ms_per_iter']:.1f} ms, "
+                     f"rollback {m['rollback_ms_per_iter']:.2f} ms, bookkeeping {m['bookkeeping_ms_per_iter']:.2f} ms")
         summary.append(f"{arm.name}: {speedup_text(m)}, alpha {m['alpha']:.2f}, "
-                       f"{m['spec_tokens_per_s']:.1f} vs {m['plain_tokens_per_s']:.1f} tok/s; "
-                       f"per iteration draft {m['draft_ms_per_iter']:.1f} ms, verify {m['verify_ms_per_iter']:.1f} ms, "
-                       f"rollback {m['rollback_ms_per_iter']:.2f} ms, bookkeeping {m['bookkeeping_ms_per_iter']:.2f} ms")
+                       f"{m['spec_tokens_per_s']:.1f} vs {m['plain_tokens_per_s']:.1f} tok/s; {parts}")
     return StageOutput(df, metrics, summary, arms)

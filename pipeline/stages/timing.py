@@ -4,16 +4,19 @@ Every row also carries both models' sizes (parameters, weight bytes as held in m
 a cost ratio can be set beside the size ratios."""
 from __future__ import annotations
 
+import statistics
+
 import pandas as pd
 from omegaconf import DictConfig
 
 from pipeline.context import StageContext
+from pipeline.engine_checks import on_llama
 from store.records import make_schema
 from pipeline.stages import StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, memory_columns, run_name
 from pipeline.stages.options import unused_note
 from speclab.model_size import model_size
-from speclab.step_costs import pass_times, prefill_times, tree_pass_times
+from speclab.step_costs import PassTiming, pass_times, prefill_times, tree_pass_times
 
 # Added after results were stored: older files read them as not measured (store.compat.LATER_COLUMNS).
 SIZE_FIELDS = [(f"{role}_{what}", kind) for role in ("target", "draft")
@@ -35,7 +38,47 @@ def size_columns(target, draft) -> dict:
     return out
 
 
+def summary_of(pass_len: int, samples: list[float]) -> PassTiming:
+    """Median and quartiles of one pass length's timed samples, as speclab's own pass timing reports them."""
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
+    return PassTiming(pass_len, statistics.median(s), q[0], q[2], len(s))
+
+
+def engine_rows(ctx: StageContext) -> list[dict]:
+    """llama.cpp's passes (engine=llama_cpp): the target's and the draft's pass over m new tokens after the prompt
+    (plus ``context_extra`` more tokens), each the server's processing of a cached context extended by m tokens
+    (the plain answer's tokens); sizes from the GGUF files."""
+    st, runner = ctx.cfg.stage, ctx.runner
+    lengths, extras = [int(n) for n in st.pass_lengths], [int(e) for e in st.context_extra]
+    sizes = runner.model_sizes()
+    limit = int(runner.settings["ctx_size"])
+    rows = []
+    for prompt in ctx.prompts[: int(st.prompts_to_time)]:
+        ctx.load.sample()  # between prompts: the machine's load while the passes are timed
+        ids = ctx.inputs[prompt.id]
+        n = ids.shape[1]
+        if n + max(extras) + max(lengths) > limit:
+            raise ValueError(f"stage.context_extra={max(extras)} with pass_lengths up to {max(lengths)} after prompt "
+                             f"{prompt.id} ({n} tokens) exceeds llama.cpp's context of {limit} tokens: raise "
+                             "engine.ctx_size or lower stage.context_extra")
+        ext = runner.extension(ctx, ids, prompt.id, max(extras) + max(lengths))
+        for role in ("target", "draft"):
+            mem = runner.memory(ctx)
+            for e in extras:
+                times = runner.engine.pass_times(ids[0].tolist() + ext[:e], ext[e:], lengths, int(st.repeats),
+                                                 int(st.warmup), role)
+                for m in lengths:
+                    t = summary_of(m, times[m])
+                    rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "context_len": n + e,
+                                 "model": role, "pass_len": m, "median_s": t.median_s, "q25_s": t.q25_s,
+                                 "q75_s": t.q75_s, "samples": t.samples, **mem, **sizes})
+    return rows
+
+
 def run(ctx: StageContext) -> StageOutput:
+    if on_llama(ctx):
+        return summarize(pd.DataFrame(engine_rows(ctx), columns=SCHEMA.names), ctx.cfg)
     st = ctx.cfg.stage
     lengths = [int(n) for n in st.pass_lengths]
     rows = []

@@ -88,7 +88,7 @@ def build_dir_name(options: list[str]) -> str:
 
 
 def llama_root() -> Path:
-    from speclab.models import cache_root  # the one home of the cache folder (SPECLAB_CACHE)
+    from speclab.cache_dir import cache_root  # the one home of the cache folder (SPECLAB_CACHE)
     return cache_root() / "llama.cpp"
 
 
@@ -247,9 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         bin_dir = build(args.jobs)
-    except BuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (BuildError, OSError) as exc:
+        print(f"speclab: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("speclab: interrupted (Ctrl-C): the unfinished build was removed; nothing was cached", file=sys.stderr)
+        return 130
     print(bin_dir)
     return 0
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +27,8 @@ from typing import Any
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 _LIVE: set[LlamaServer] = set()
+# llama.cpp's log lines: "0.02.199.105 E llama_model_load: error loading model: ..." (time, level, text)
+_LOG_LINE = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([A-Z]) (.*)$")
 
 
 class ServerError(RuntimeError):
@@ -50,11 +54,15 @@ class ServerSpec:
                 "--cache-ram", "0", *self.args]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(parent: int) -> None:
+    """Runs in the child between fork and exec. The kernel's signal comes when the *thread* that started the server
+    ends, so servers are started from the job's main thread."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+    if os.getppid() != parent:  # the job died before the request took effect: nobody would kill this server
+        os._exit(1)
     os.setpgrp()  # Ctrl-C in the terminal reaches the job, which stops the server itself
 
 
@@ -92,8 +100,9 @@ class LlamaServer:
             raise ServerError(f"engine.binary={self.spec.binary!r} is not an executable file: run `make llama-cpp` "
                               "(or give the path of your own llama-server build)")
         if self.spec.port and port_in_use(self.spec.port):
-            raise ServerError(f"engine.port={self.spec.port} on {HOST} is in use by another process: "
-                              "use engine.port=0 (a free port) or another port")
+            raise ServerError(f"port {self.spec.port} on {HOST} is in use by another process ({self.name} was to "
+                              "listen there; engine.port=N puts the servers on N, N+1, ...): use engine.port=0 "
+                              "(a free port for each server) or another port")
         self.port = self.spec.port or free_port()
         folder = self.log_dir or Path(tempfile.gettempdir())
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +111,8 @@ class LlamaServer:
         self.log_path = Path(name)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.spec.argv(self.port), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                         stderr=subprocess.STDOUT,
+                                         preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         _LIVE.add(self)
         try:
             self._wait_ready()
@@ -115,7 +125,7 @@ class LlamaServer:
         deadline = time.monotonic() + self.spec.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"{self.name} exited at start ({self._exit_text()}): {self.last_log_line()}")
+                raise ServerError(f"{self.name} exited at start ({self._exit_text()}): {self.why()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
                     if r.status == 200:
@@ -132,13 +142,29 @@ class LlamaServer:
             return "still running"
         return f"killed by signal {-code}" if code < 0 else f"exit {code}"
 
+    def _log_lines(self) -> list[str] | None:
+        try:
+            return [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except (OSError, AttributeError):
+            return None
+
     def last_log_line(self) -> str:
         """The server's last non-empty log line (where it says why it stopped)."""
-        try:
-            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        except (OSError, AttributeError):
+        lines = self._log_lines()
+        if lines is None:
             return "no log"
         return lines[-1][:400] if lines else "its log is empty"
+
+    def why(self, at_start: bool = True) -> str:
+        """Why a server stopped, in one line, and where its whole log is. At start: its first error line
+        (llama.cpp logs the cause, then how it cleaned up), else its last line; mid-job its last line (a crash
+        ends the log; an earlier error line may be a refused request it survived)."""
+        lines = self._log_lines()
+        if lines is None:
+            return "no log"
+        errors = [m.group(2) for m in map(_LOG_LINE.match, lines) if m and m.group(1) == "E"]
+        reason = errors[0][:400] if errors and at_start else self.last_log_line()
+        return f"{reason} (its log: {self.log_path})"
 
     def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         """POST JSON and return the answer; a dead server or an error answer is a ServerError."""
@@ -159,7 +185,8 @@ class LlamaServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
             time.sleep(0.2)
             if self.proc.poll() is not None:
-                raise ServerError(f"{self.name} died mid-job ({self._exit_text()}): {self.last_log_line()}") from None
+                raise ServerError(f"{self.name} died mid-job ({self._exit_text()}): "
+                                  f"{self.why(at_start=False)}") from None
             raise ServerError(f"{self.name} at {self.url} did not answer {path} ({err}): "
                               f"{self.last_log_line()}") from None
 

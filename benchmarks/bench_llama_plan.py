@@ -1,0 +1,112 @@
+"""The llama.cpp plan, checked on prompts it did not see: the time model's error and the recommendation's speed-up.
+
+Reads a campaign holding a llama.cpp plan (`+sweep=plan_llama`: timing and one request per candidate on the sample
+prompts) and its check (`+sweep=check_plan_llama`: every candidate and the plan's choice in adjacent rotated runs on
+the other prompts). No model runs here.
+
+- Predictor: each check run of a candidate is priced with the costs the plan job timed (its timing rows: the
+  calibration) and the run's own counters (new tokens, drafted, accepted, the server's prompt time;
+  speclab/engine_plan.py); per configuration and kind, the median prediction against the median measured ratio to
+  the adjacent plain run; the error is their difference.
+- Recommendation: per kind, the plan's choice (the recommended arm) against the best fixed candidate in hindsight
+  (the one with the highest median on these prompts), the difference of medians with a bootstrap interval over both
+  configurations' runs.
+
+Writes outputs/benchmarks/llama_plan_predictor.parquet and llama_plan_check.parquet and prints both tables.
+
+    python -m benchmarks.bench_llama_plan --campaign engines --pair qwen25_coder_bf16
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from speclab.engine_plan import engine_costs, predict_requests
+from store.records import read_meta
+
+OUT = Path("outputs/benchmarks")
+
+
+def read(campaign: Path, stage: str, pair: str) -> pd.DataFrame:
+    files = sorted((campaign / stage).glob(f"{pair}-*.parquet"))
+    if not files:
+        raise SystemExit(f"no {stage} results of pair {pair} in {campaign}")
+    frames = [pd.read_parquet(f).assign(finished_at=str(read_meta(f).get("finished_at", ""))) for f in files]
+    df = pd.concat(frames, ignore_index=True)
+    return df[df.get("engine", "speclab") == "llama_cpp"] if "engine" in df else df.iloc[0:0]
+
+
+def predictor_table(timing: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
+    costs = engine_costs(timing)
+    spec = speed[(speed.arm != "plain") & (speed.iterations > 0)].copy()
+    drafted = (spec.mean_k * spec.iterations).round()
+    requests = pd.DataFrame({"prompt_id": spec.prompt_id.values, "kind": spec.kind.values,
+                             "drafter": spec.drafter.values, "k": spec.k.values, "k_policy": spec.k_policy.values,
+                             "new_tokens": spec.new_tokens.values, "proposed": drafted.fillna(0).values,
+                             "accepted": (spec.new_tokens - spec.iterations).values, "prefill_s": spec.prefill_s.values})
+    spec["predicted"] = predict_requests(costs, requests).predicted.values
+    rows = []
+    for (arm, drafter, k, policy, kind), g in spec.groupby(["arm", "drafter", "k", "k_policy", "kind"]):
+        rows.append({"arm": arm, "drafter": drafter, "k": int(k), "k_policy": policy, "kind": kind, "runs": len(g),
+                     "measured": g.ratio_to_adjacent_plain.median(), "predicted": g.predicted.median()})
+    out = pd.DataFrame(rows)
+    out["error"] = out.predicted - out.measured
+    return out
+
+
+def check_table(speed: pd.DataFrame, samples: int = 2000) -> pd.DataFrame:
+    rows = []
+    spec = speed[speed.arm != "plain"]
+    for kind, g in spec.groupby("kind"):
+        rec = g[g.arm == "recommended"].ratio_to_adjacent_plain.to_numpy()
+        fixed = g[g.arm != "recommended"].groupby(["drafter", "k", "k_policy"]).ratio_to_adjacent_plain
+        medians = fixed.median()
+        best = medians.idxmax()
+        best_runs = fixed.get_group(best).to_numpy()
+        rng = np.random.default_rng(0)
+        diffs = [np.median(rng.choice(rec, len(rec))) - np.median(rng.choice(best_runs, len(best_runs)))
+                 for _ in range(samples)]
+        lo, hi = np.percentile(diffs, [2.5, 97.5])
+        chosen = g[g.arm == "recommended"].iloc[0]
+        rows.append({"kind": kind, "recommended": f"{chosen.drafter} k={chosen.k} {chosen.k_policy}",
+                     "recommended_speedup": float(np.median(rec)), "best_fixed": " ".join(map(str, best)),
+                     "best_fixed_speedup": float(medians.max()), "difference": float(np.median(rec) - medians.max()),
+                     "difference_lo": float(lo), "difference_hi": float(hi), "runs": len(rec)})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--campaign", default="engines")
+    ap.add_argument("--pair", default="qwen25_coder_bf16")
+    ap.add_argument("--outputs", default="outputs")
+    args = ap.parse_args()
+    campaign = Path(args.outputs) / "campaigns" / args.campaign
+    plan = read(campaign, "plan", args.pair)
+    plan_hash = plan.sort_values("finished_at").config_hash.iloc[-1]
+    timing = read(campaign, "timing", args.pair)
+    timing = timing[timing.config_hash == plan_hash]
+    plan_prompts = set(plan[plan.config_hash == plan_hash].prompt_ids.iloc[0].split(","))
+    speed = read(campaign, "speed", args.pair)
+    speed = speed[(speed.arm == "recommended").groupby(speed.config_hash).transform("any")]  # the check's jobs
+    unseen = speed[~speed.prompt_id.isin(plan_prompts)]
+    if unseen.empty:
+        raise SystemExit("the check ran no prompt the plan did not see")
+    pred, check = predictor_table(timing, unseen), check_table(unseen)
+    OUT.mkdir(parents=True, exist_ok=True)
+    pred.to_parquet(OUT / "llama_plan_predictor.parquet", index=False)
+    check.to_parquet(OUT / "llama_plan_check.parquet", index=False)
+    pd.set_option("display.width", 200)
+    print(f"predictor on {unseen.prompt_id.nunique()} prompts the plan did not see (costs timed on "
+          f"{len(plan_prompts)} plan prompts):")
+    print(pred.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"median |error| {pred.error.abs().median():.3f}, max |error| {pred.error.abs().max():.3f}")
+    print("recommendation vs the best fixed configuration in hindsight, per kind:")
+    print(check.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+if __name__ == "__main__":
+    main()
