@@ -344,6 +344,7 @@ class BatchStage(StageBase):
 class AllStage(SpeedStage, TimingStage, DistributionStage):
     acceptance_ks: list[int] = same_as(PlanStage, "acceptance_ks", [1, 2, 4, 8])
     tie_ulps: int = same_as(DivergenceStage, "tie_ulps")
+    tie_nats: float = same_as(DivergenceStage, "tie_nats")
 
 
 @dataclass

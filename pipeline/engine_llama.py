@@ -180,7 +180,7 @@ class LlamaRunner:
 
     def extension(self, ctx, ids: torch.Tensor, key: str, n: int = EXTENSION_TOKENS) -> list[int]:
         """``n`` tokens that follow the prompt (the plain greedy answer, padded with the prompt's own tokens)."""
-        if len(self._extension.get(key, ())) < n:
+        if key not in self._extension or len(self._extension[key]) < n:
             toks = self.engine.generate(PLAIN, ids[0].tolist(), n).tokens
             pad = ids[0].tolist()
             self._extension[key] = (toks + pad * (n // max(len(pad), 1) + 1))[:n]
@@ -199,12 +199,12 @@ class LlamaRunner:
         answer = server.post("/completion", {"prompt": base, "n_predict": 1, "cache_prompt": bool(cached),
                                              "temperature": 0.0, "n_probs": int(n_probs),
                                              "post_sampling_probs": False})
-        done = int(answer.get("timings", {}).get("prompt_n", -1))
+        done = int((answer.get("timings") or {}).get("prompt_n") or -1)
         if cached and done != len(base) - cached:
             raise RuntimeError(f"llama-server processed {done} prompt tokens where {len(base) - cached} new ones were "
                                "sent after a cached prompt: its prompt cache did not hold")
         first = (answer.get("completion_probabilities") or [{}])[0]
-        return [(int(p["id"]), math.exp(float(p["logprob"]))) for p in first.get("top_logprobs", [])]
+        return [(int(p["id"]), math.exp(float(p["logprob"]))) for p in first.get("top_logprobs") or []]
 
     def model_sizes(self) -> dict[str, Any]:
         """The timing stage's size columns from the GGUF files: bytes on disk as llama.cpp maps them, decoder

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from speclab.engine_time import Counters, EngineCosts, predict
+from speclab.engine_time import Counters, EngineCosts, predict, with_prompt
 
 # drafter columns whose proposals come from a draft model (llama.cpp's draft-simple is "model")
 MODEL_DRAFTERS = ("model",)
@@ -36,11 +36,10 @@ def predict_requests(costs: EngineCosts, acc: pd.DataFrame) -> pd.DataFrame:
     for r in acc.itertuples():
         uses_model = r.drafter in MODEL_DRAFTERS
         c = costs if uses_model else costs.without_draft()
-        p = predict(c, Counters(float(r.new_tokens), float(r.proposed), float(r.accepted)))
         prompt = float(r.prefill_s) if r.prefill_s == r.prefill_s else 0.0
-        spec = p.speculative_s + prompt * (1 + (ratio if uses_model else 0.0))
-        plain = p.plain_s + prompt
+        p = with_prompt(predict(c, Counters(float(r.new_tokens), float(r.proposed), float(r.accepted))), prompt,
+                        prompt * ratio if uses_model else 0.0)
         rows.append({"prompt_id": r.prompt_id, "kind": r.kind, "drafter": r.drafter, "k_policy": r.k_policy,
-                     "k": int(r.k), "predicted": plain / spec if spec > 0 else np.nan, "predicted_iid": np.nan,
+                     "k": int(r.k), "predicted": p.speedup, "predicted_iid": np.nan,
                      "alpha": r.accepted / r.proposed if r.proposed else np.nan})
     return pd.DataFrame(rows)

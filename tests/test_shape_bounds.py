@@ -149,7 +149,9 @@ def test_the_shipped_presets_fit_this_machine(tmp_path, overrides):
     check_shapes(cfg, prompts, free=MACHINE)
     target, draft = pair_models(cfg)
     worst = max(s.need(s.n).total for s in job_shapes(cfg, prompts, target, draft))
-    assert worst < 4 * GIB  # far from the machine's 24 GiB: no preset is near the limit
+    # far from the machine's 24 GiB: no preset is near the limit (the Qwen pair in bf16, once its cache holds its
+    # exact sizes, needs about 5 GB)
+    assert worst < 8 * GIB
 
 
 def _sharpened(model):

@@ -150,7 +150,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
         where = (f"gap {row.max_gap:.4g} = {row.gap_ulps:.1f} ulp at top logit {row.top_logit:.2f}"
                  if row.engine == "speclab" else
                  f"gap {row.max_gap:.3f} nats in {row.engine}'s own top-2 log-probabilities "
-                 f"(near-tie within {float(cfg.stage.get('tie_nats', 0.5)):g})")
+                 f"(near-tie within {float(cfg.stage.tie_nats):g})")
         summary.append(f"  {row.prompt_id} k={row.k} token {row.position}: plain {row.plain_text!r} vs speculative "
                        f"{row.spec_text!r}, {where} -> {row.classification}")
     arms = []
