@@ -2,9 +2,9 @@
 how sure, and when not to speculate.
 
     python -m analysis.answer     (reads the speed results of the campaigns the report shows: params.yaml's
-                                   campaign, pair_campaign, spec_bench_campaign, trees_campaign and
-                                   engines_campaign; writes outputs/analysis/answer/*.parquet and the CSVs
-                                   beside them)
+                                   campaign, pair_campaign, spec_bench_campaign and trees_campaign (the
+                                   engines campaign has its own block: analysis.engines); writes
+                                   outputs/analysis/answer/*.parquet and the CSVs beside them)
 
 The same summary opens outputs/report.md (analysis.report), is the first thing `python -m analysis.recommend`
 prints, and is the description of the `analysis-<campaign>` MLflow run (analysis.publish): all three call
@@ -35,16 +35,15 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
                              run_script, save_csv, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
-from speclab.arms import DRAFTER_NAMES, LIBRARY_DEFAULT, NONE, Arm
+from speclab.arms import ENGINE_NAMES, Arm
 from store import layout
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
-CAMPAIGN_KEYS = ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign", "engines_campaign")
+CAMPAIGN_KEYS = ("campaign", "pair_campaign", "spec_bench_campaign", "trees_campaign")
 TABLES = ("answer_best", "answer_candidates", "answer_not_to_use", "answer_provenance")
 FOLDER = "answer"
 UNRECORDED = "the CPU model is recorded only by jobs written since results name their machine"
 SPECLAB = "speclab"  # the engine of every row written before there were others (store.compat)
-ENGINE_NAMES = {"speclab": "speclab", "llama_cpp": "llama.cpp"}  # readers' names of the engine column
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -55,23 +54,9 @@ def sampling_label(rows: pd.DataFrame) -> pd.Series:
     return pd.Series(np.where(rows.do_sample, t + top_p, "greedy"), index=rows.index)
 
 
-def engine_label(row) -> str:
-    """A reader's name of a configuration another engine ran (its own speculative type, the most tokens it
-    drafts, its other settings): ``draft model k=4``, ``draft model k=4 p_min=0.8``, ``ngram-simple (llama.cpp
-    defaults)``."""
-    name = ENGINE_NAMES.get(str(row.engine), str(row.engine))
-    text = DRAFTER_NAMES.get(str(row.drafter), str(row.drafter)) + (f" k={int(row.k)}" if int(row.k) else "")
-    if row.k_policy == LIBRARY_DEFAULT:
-        return text + f" ({name} defaults)"
-    return text + ("" if row.k_policy in ("fixed", NONE) else f" {row.k_policy}")
-
-
 def config_label(rows: pd.DataFrame) -> pd.Series:
-    """A reader's name of each speculative row's configuration (``speclab.arms.Arm.label``; ``engine_label``
-    for rows another engine ran)."""
-    engines = rows.engine if "engine" in rows else pd.Series(SPECLAB, index=rows.index)
-    return pd.Series([Arm.from_row(r).label if e == SPECLAB else engine_label(r)
-                      for r, e in zip(rows.itertuples(), engines)], index=rows.index, dtype=object)
+    """A reader's name of each speculative row's configuration (``speclab.arms.Arm.label``, for every engine)."""
+    return pd.Series([Arm.from_row(r).label for r in rows.itertuples()], index=rows.index, dtype=object)
 
 
 def pair_label(rows: pd.DataFrame) -> pd.Series:

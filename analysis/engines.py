@@ -301,7 +301,7 @@ def _ci(lo: float, hi: float) -> str:
 
 def not_measured(campaign: str) -> str:
     return (f"Not measured: campaign **{campaign}** holds no greedy speed runs. Run one pair in both engines: "
-            f"`make llama-cpp && python -m pipeline.run -m engine=speclab,llama_cpp stage=speed campaign={campaign}`, "
+            f"`make qwen llama-cpp && python -m pipeline.run +sweep=engines campaign={campaign}`, "
             "then `dvc repro`.")
 
 
@@ -322,16 +322,19 @@ def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> s
     sm = tables.get("summary", pd.DataFrame())
     if sm is None or sm.empty:
         return "\n".join(s + [not_measured(campaign), ""])
-    sm = sm.sort_values(["pair", "kind", "engine"], kind="mergesort")  # the engines side by side per kind
-    table = pd.DataFrame({"pair": sm.pair, "kind": sm.kind, "engine": sm.engine.map(engine_name),
-                          "plain tok/s": sm.plain_tokens_per_s.map(lambda v: "" if v != v else f"{v:.1f}"),
-                          "best configuration": [f"{b}: `{f}`" if f else b for b, f in zip(sm.best, sm.pasted_flags)],
-                          "speed-up": sm.speedup.map(_x), "95% interval": [_ci(a, b) for a, b in
-                                                                          zip(sm.speedup_lo, sm.speedup_hi)],
-                          "alpha": sm.alpha.map(_x), "verdict": sm.verdict})
-    s += ["Each engine's plain decoding and its best greedy configuration, measured against its own adjacent plain "
-          "run (median, 95% bootstrap interval; alpha = accepted / drafted):\n",
-          table.to_markdown(index=False, disable_numparse=True), ""]
+    sm = sm.sort_values(["pair", "engine", "kind"], kind="mergesort")
+    s.append("Per pair, each engine's plain tokens/s (median over kinds) and, per prompt kind, its best greedy "
+             "configuration's speed-up over its own adjacent plain run (95% bootstrap interval; the full table: the "
+             "section linked below):\n")
+    for pair, g in sm.groupby("pair", sort=True):
+        parts = []
+        for engine, e in g.groupby("engine", sort=True):
+            kinds = "; ".join(f"{r.kind} {r.best}" + (f" `{r.pasted_flags}`" if r.pasted_flags else "")
+                              + f" x{_x(r.speedup)} ({_ci(r.speedup_lo, r.speedup_hi)}, {r.verdict})"
+                              for r in e.itertuples())
+            parts.append(f"**{engine_name(engine)}** {e.plain_tokens_per_s.median():.1f} tok/s: {kinds}")
+        s.append(f"- {pair}: " + " | ".join(parts))
+    s.append("")
     tr = tables.get("transfer", pd.DataFrame())
     lines = transfer_lines(tr) if tr is not None and len(tr) else []
     s.append(("Transfer: " + "; ".join(lines) + ". " if lines else "") + f"Every configuration, predicted vs "

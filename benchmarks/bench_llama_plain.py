@@ -1,10 +1,12 @@
 """Is the speed stage's plain tokens/s in llama.cpp the engine's own? The stage against a direct timing.
 
-Two arms per round, their order alternating: ``stage`` runs `python -m pipeline.run engine=llama_cpp stage=speed`
+Per round: two whole arms, their order alternating: ``stage`` runs `python -m pipeline.run engine=llama_cpp stage=speed`
 with plain decoding only (``engine.arms=[]``) and reads its rows; ``direct`` starts llama-server itself (the same
 binary, model and options, launched here, not by speclab) and sends the same requests (the same token ids,
-n_predict, greedy) through ``http.client``, timing each one around its HTTP exchange. Both count the new tokens
-over the request's wall time (prompt included). Writes one row per request to
+n_predict, greedy) through ``http.client``, timing each one around its HTTP exchange; then, drift-robust, per prompt
+back to back in alternating order, the stage's own request path (speclab's ``LlamaCppEngine.generate``, which times
+the speed stage's rows) against the direct request, each to its own idle server. All count the new tokens over the
+request's wall time (prompt included). Writes one row per request to
 outputs/benchmarks/llama_plain.parquet and prints each arm's median and the median of the per-prompt ratios
 stage / direct of adjacent rounds, with a bootstrap interval.
 
@@ -62,14 +64,18 @@ def direct_rows(args, requests: list[tuple[str, str, list[int]]]) -> list[dict]:
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
-            for _ in range(600):
+            deadline = time.monotonic() + 300
+            while True:  # /health answers 503 while the model loads
                 try:
                     c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                     c.request("GET", "/health")
                     if c.getresponse().status == 200:
                         break
                 except OSError:
-                    time.sleep(0.1)
+                    pass
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("the directly started llama-server did not come up")
+                time.sleep(0.1)
             rows = []
             for i, (pid, kind, ids) in enumerate([requests[0], *requests]):  # the first one twice: a warm-up
                 body = json.dumps({"prompt": ids, "n_predict": args.max_new_tokens, "cache_prompt": False,
@@ -79,6 +85,8 @@ def direct_rows(args, requests: list[tuple[str, str, list[int]]]) -> list[dict]:
                 conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
                 answer = json.loads(conn.getresponse().read())
                 wall = time.perf_counter() - start
+                if "tokens" not in answer:
+                    raise SystemExit(f"llama-server answered without tokens: {str(answer)[:200]}")
                 if i:
                     n = len(answer["tokens"])
                     rows.append({"prompt_id": pid, "kind": kind, "new_tokens": n, "wall_s": wall,
@@ -87,6 +95,81 @@ def direct_rows(args, requests: list[tuple[str, str, list[int]]]) -> list[dict]:
         finally:
             server.terminate()
             server.wait()
+
+
+def interleaved_rows(args, requests: list[tuple[str, str, list[int]]], r: int) -> list[dict]:
+    """Per prompt, back to back in alternating order: the stage's own request path (speclab's LlamaCppEngine, whose
+    ``generate`` times the speed stage's plain rows) and the direct request, each to its own idle server."""
+    from speclab.arms import PLAIN
+    from speclab.engines.llama_build import installed
+    from speclab.engines.llama_cpp import LlamaCppEngine, LlamaSettings, sampling_payload
+    from speclab.models import packaged_gguf_path
+
+    target = packaged_gguf_path({"qwen25_coder_bf16": "qwen2.5-coder-1.5b", "smollm2_int8": "smollm2-135m"}[args.pair])
+    engine = LlamaCppEngine(LlamaSettings(binary=str(installed() / "llama-server"), threads=args.threads), target, None)
+    direct = DirectServer(args, target)
+    rows = []
+    try:
+        engine.generate(PLAIN, requests[0][2], args.max_new_tokens)
+        direct.request(requests[0][2])
+        for i, (pid, kind, ids) in enumerate(requests):
+            order = ("engine", "direct") if (i + r) % 2 == 0 else ("direct", "engine")
+            for position, arm in enumerate(order):
+                if arm == "engine":
+                    run = engine.generate(PLAIN, ids, args.max_new_tokens, sampling_payload(False, 1, 0, 1, 0))
+                    n, wall = len(run.tokens), run.wall_s
+                else:
+                    n, wall = direct.request(ids)
+                rows.append({"round": r, "arm": f"interleaved_{arm}", "position": position, "prompt_id": pid,
+                             "kind": kind, "new_tokens": n, "wall_s": wall, "tokens_per_s": n / wall})
+    finally:
+        engine.close()
+        direct.close()
+    return rows
+
+
+class DirectServer:
+    """llama-server started here with the stage's options, asked through http.client."""
+
+    def __init__(self, args, target) -> None:
+        from speclab.engines.llama_build import installed
+        from speclab.engines.llama_server import free_port
+
+        self.args, self.port = args, free_port()
+        argv = [str(installed() / "llama-server"), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
+                "-t", str(args.threads), "-tb", str(args.threads), "-c", "2048", "--parallel", "1", "--no-webui",
+                "--cache-ram", "0"]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while True:  # /health answers 503 while the model loads
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise SystemExit("the directly started llama-server did not come up")
+            time.sleep(0.1)
+
+    def request(self, ids: list[int]) -> tuple[int, float]:
+        body = json.dumps({"prompt": ids, "n_predict": self.args.max_new_tokens, "cache_prompt": False,
+                           "return_tokens": True, "temperature": 0.0, "top_k": 1})
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        start = time.perf_counter()
+        conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
+        answer = json.loads(conn.getresponse().read())
+        wall = time.perf_counter() - start
+        if "tokens" not in answer:
+            raise SystemExit(f"llama-server answered without tokens: {str(answer)[:200]}")
+        return len(answer["tokens"]), wall
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+        self.log.close()
 
 
 def main() -> None:
@@ -110,14 +193,18 @@ def main() -> None:
                     got = direct_rows(args, prompt_requests(args))
                 rows += [{"round": r, "arm": arm, "position": position, **g} for g in got]
                 print(f"round {r} {arm}: median {np.median([g['tokens_per_s'] for g in got]):.2f} tok/s", flush=True)
+            rows += interleaved_rows(args, prompt_requests(args), r)
     df = pd.DataFrame(rows)
     write_parquet(df, SCHEMA, OUT)
     wide = df.pivot_table(index=["round", "prompt_id"], columns="arm", values="tokens_per_s")
-    ratio = (wide.stage / wide.direct).dropna().to_numpy()
-    lo, hi = bootstrap_ci(ratio, np.median)
-    print(f"stage {df[df.arm == 'stage'].tokens_per_s.median():.2f} tok/s, direct "
-          f"{df[df.arm == 'direct'].tokens_per_s.median():.2f} tok/s; stage/direct median {np.median(ratio):.3f} "
-          f"(95% CI {lo:.3f}-{hi:.3f}, n={len(ratio)}); rows: {OUT}")
+    for a, b, what in (("stage", "direct", "whole stage job vs direct, adjacent within a round"),
+                       ("interleaved_engine", "interleaved_direct", "the stage's request path vs direct, per prompt")):
+        ratio = (wide[a] / wide[b]).dropna().to_numpy()
+        lo, hi = bootstrap_ci(ratio, np.median)
+        print(f"{what}: {a} {df[df.arm == a].tokens_per_s.median():.2f} tok/s, {b} "
+              f"{df[df.arm == b].tokens_per_s.median():.2f} tok/s; ratio median {np.median(ratio):.3f} "
+              f"(95% CI {lo:.3f}-{hi:.3f}, n={len(ratio)})")
+    print(f"rows: {OUT}")
 
 
 _REQUESTS: list | None = None

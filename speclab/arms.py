@@ -43,7 +43,8 @@ METHODS = {m.name: m for m in (
     Method("hf_lookup", peer_mode="lookup"),
 )}
 PEER_METHODS = {m.peer_mode: name for name, m in METHODS.items() if m.peer_mode}
-# Readers' names of drafters and adaptive policies (the report's configuration labels).
+# Readers' names of the engines (the ``engine`` column), drafters and adaptive policies (the report's labels).
+ENGINE_NAMES = {"speclab": "speclab", "llama_cpp": "llama.cpp"}
 DRAFTER_NAMES = {"model": "draft model", "prompt_lookup": "prompt lookup", "hybrid": "hybrid"}
 POLICY_NAMES = {"cost_model": "cost-model k", "heuristic": "heuristic k"}
 # The drafter options that run the pair's draft model (prompt lookup's proposals are n-grams of the text).
@@ -85,9 +86,12 @@ class Arm:
 
     @classmethod
     def from_row(cls, row: Any) -> Arm:
-        """The arm of a stored speed row (any object or mapping with arm, k, k_policy, drafter)."""
+        """The arm of a stored speed row (any object or mapping with arm, k, k_policy, drafter; engine where the
+        row has one, else speclab's loop)."""
         get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name)
-        return cls(str(get("arm")), int(get("k")) or None, str(get("k_policy")), str(get("drafter")))
+        has = (lambda name: name in row) if isinstance(row, Mapping) else (lambda name: hasattr(row, name))
+        engine = str(get("engine")) if has("engine") and get("engine") == get("engine") else "speclab"
+        return cls(str(get("arm")), int(get("k")) or None, str(get("k_policy")), str(get("drafter")), engine)
 
     @property
     def key(self) -> str:
@@ -101,7 +105,12 @@ class Arm:
         """A reader's label: ``draft model k=4``, ``prompt lookup cost-model k``, ``tree static:2-1-1``,
         ``transformers default``; the planner's arm adds ``(plan)``."""
         reader = METHODS[self.method].reader_name
-        if self.is_tree:
+        if self.engine != "speclab":  # another engine's own type, the most it drafts, its other settings
+            name = ENGINE_NAMES.get(self.engine, self.engine)
+            text = DRAFTER_NAMES.get(self.drafter, self.drafter) + (f" k={self.k}" if self.k else "") + (
+                f" ({name} defaults)" if self.k_policy == LIBRARY_DEFAULT
+                else "" if self.k_policy in ("fixed", NONE) else f" {self.k_policy}")
+        elif self.is_tree:
             text = "tree " + self.drafter.removeprefix(TREE_PREFIX)
         elif reader:
             text = reader

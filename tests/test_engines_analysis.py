@@ -132,7 +132,9 @@ def test_transfer_prices_one_engines_acceptance_with_the_others_costs(tables):
     to_speclab = code.loc[("llama_cpp", "speclab")]
     assert to_speclab.predicted == pytest.approx(spec_time(48, 40, 30, 0.010, 0.002, 0.012, 0.10))
     text = first_screen(tables, "eng", "analysis/engines/section.md")
-    assert "| p      | code   | llama.cpp" in text and ": `--spec-type ngram-simple`" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("- p: "))  # one line per pair, engines side by side
+    assert "**llama.cpp**" in line and "**speclab**" in line and "`--spec-type ngram-simple`" in line
+    assert "code " in line
     assert "speclab's acceptance priced with llama.cpp's timed costs" in text
 
 

@@ -57,14 +57,15 @@ def shorten(name: str, limit: int = NAME_MAX) -> str:
 
 
 def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[str] = ()) -> str:
-    """Readable and distinct in MLflow's run table, what varies first: the stage's own ``settings`` (its k),
+    """Readable and distinct in MLflow's run table, what varies first: the engine where it is not speclab's loop,
+    the stage's own ``settings`` (its k),
     the drafter and k policy where they are not the default ones, its ``extra`` arms, sampling, the draft's
     dtype where the pair's name does not say it, the round; then the prompt kinds (their number when the list is
     long), the prompt set, the stage
     and the pair (the config hash is a tag), at most ``NAME_MAX`` characters. Options the stage does not
     read (pipeline/stages/options.py) are left out."""
     read = uses(part)
-    varying = [*settings]
+    varying = [*([engine_name(cfg)] if engine_name(cfg) != "speclab" else []), *settings]
     varying += [str(cfg.drafter.name)] if cfg.drafter.name != "model" and "drafter" in read else []
     varying += [str(cfg.k_policy.name)] if cfg.k_policy.name != "fixed" and "k_policy" in read else []
     varying += extra
@@ -85,8 +86,14 @@ def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[s
 
 def arm_run_name(cfg: DictConfig, part: str, arm: str) -> str:
     """An arm's run: the arm (its k, policy, drafter and kind) first, then the prompt set, stage, round and pair."""
-    bits = [arm, prompt_set(cfg), part, *([f"r{cfg.round}"] if cfg.round else []), str(cfg.pair.name)]
+    bits = [arm, *([engine_name(cfg)] if engine_name(cfg) != "speclab" else []), prompt_set(cfg), part,
+            *([f"r{cfg.round}"] if cfg.round else []), str(cfg.pair.name)]
     return " · ".join(bits)
+
+
+def engine_name(cfg: DictConfig) -> str:
+    """The engine that runs the job's arms (``engine`` group; jobs composed before it: speclab's loop)."""
+    return str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
 
 
 def ks_label(ks: list[int]) -> str:

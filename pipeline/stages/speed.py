@@ -61,8 +61,9 @@ def run(ctx: StageContext) -> StageOutput:
             ctx.prices(arm.k_policy)
     warm = engine.warm_arms(names)
     log.info(f"speed: warm-up ({', '.join(a.label if a.method != 'plain' else 'plain' for a in warm)} on one prompt)")
-    for arm in tqdm(warm, desc="speed warm-up", leave=False):
-        engine.run(ctx, arm, ctx.inputs[ctx.prompts[0].id], gen)
+    first = ctx.prompts[0]
+    for arm in tqdm(list(dict.fromkeys(resolve(a, first.kind, plan) for a in warm)), desc="speed warm-up", leave=False):
+        engine.run(ctx, arm, ctx.inputs[first.id], gen)
     arm_ks = sorted({arm.k for arm in runs if arm.k and not arm.is_tree})
     log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
     before = engine.step_times(ctx, arm_ks, "step times before")
@@ -141,6 +142,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
             arms.append(ArmResult(
                 arm.run_name(kind),
                 {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
+                 "engine": str(s.engine.iloc[0]) if "engine" in s else "speclab",
                  "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
                  "top_p": float(s.top_p.iloc[0])},
                 {**speedup_metrics(s, plain, min_runs(cfg)), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
