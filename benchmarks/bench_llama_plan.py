@@ -4,8 +4,8 @@ Reads a campaign holding a llama.cpp plan (`+sweep=plan_llama`: timing and one r
 prompts) and its check (`+sweep=check_plan_llama`: every candidate and the plan's choice in adjacent rotated runs on
 the other prompts). No model runs here.
 
-- Predictor: each check run of a candidate is priced with the costs the plan job timed (its timing rows: the
-  calibration) and the run's own counters (new tokens, drafted, accepted, the server's prompt time;
+- Predictor: each check run of a candidate is priced with the costs the plan job timed (its timing rows) and the
+  overheads fitted on the plan's own requests (the calibration, speclab/engine_plan.py), with the run's own counters (new tokens, drafted, accepted, the server's prompt time;
   speclab/engine_plan.py); per configuration and kind, the median prediction against the median measured ratio to
   the adjacent plain run; the error is their difference.
 - Recommendation: per kind, the plan's choice (the recommended arm) against the best fixed candidate in hindsight
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speclab.engine_plan import engine_costs, predict_requests
+from speclab.engine_plan import engine_costs, fit_overheads, predict_requests
 from store.records import read_meta
 
 OUT = Path("outputs/benchmarks")
@@ -39,15 +39,18 @@ def read(campaign: Path, stage: str, pair: str) -> pd.DataFrame:
     return df[df.get("engine", "speclab") == "llama_cpp"] if "engine" in df else df.iloc[0:0]
 
 
-def predictor_table(timing: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
+def predictor_table(timing: pd.DataFrame, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
     costs = engine_costs(timing)
+    overheads = fit_overheads(costs, acc)  # calibrated on the plan's own requests, as the plan is
+    print(f"costs: target step {costs.target_step_s * 1e3:.1f} ms, draft step {costs.draft_step_s * 1e3:.1f} ms; "
+          f"calibrated overheads {overheads}")
     spec = speed[(speed.arm != "plain") & (speed.iterations > 0)].copy()
     drafted = (spec.mean_k * spec.iterations).round()
     requests = pd.DataFrame({"prompt_id": spec.prompt_id.values, "kind": spec.kind.values,
                              "drafter": spec.drafter.values, "k": spec.k.values, "k_policy": spec.k_policy.values,
                              "new_tokens": spec.new_tokens.values, "proposed": drafted.fillna(0).values,
                              "accepted": (spec.new_tokens - spec.iterations).values, "prefill_s": spec.prefill_s.values})
-    spec["predicted"] = predict_requests(costs, requests).predicted.values
+    spec["predicted"] = predict_requests(costs, requests, overheads).predicted.values
     rows = []
     for (arm, drafter, k, policy, kind), g in spec.groupby(["arm", "drafter", "k", "k_policy", "kind"]):
         rows.append({"arm": arm, "drafter": drafter, "k": int(k), "k_policy": policy, "kind": kind, "runs": len(g),
@@ -89,13 +92,15 @@ def main() -> None:
     plan_hash = plan.sort_values("finished_at").config_hash.iloc[-1]
     timing = read(campaign, "timing", args.pair)
     timing = timing[timing.config_hash == plan_hash]
+    acc = read(campaign, "acceptance", args.pair)
+    acc = acc[acc.config_hash == plan_hash]
     plan_prompts = set(plan[plan.config_hash == plan_hash].prompt_ids.iloc[0].split(","))
     speed = read(campaign, "speed", args.pair)
     speed = speed[(speed.arm == "recommended").groupby(speed.config_hash).transform("any")]  # the check's jobs
     unseen = speed[~speed.prompt_id.isin(plan_prompts)]
     if unseen.empty:
         raise SystemExit("the check ran no prompt the plan did not see")
-    pred, check = predictor_table(timing, unseen), check_table(unseen)
+    pred, check = predictor_table(timing, acc, unseen), check_table(unseen)
     OUT.mkdir(parents=True, exist_ok=True)
     pred.to_parquet(OUT / "llama_plan_predictor.parquet", index=False)
     check.to_parquet(OUT / "llama_plan_check.parquet", index=False)

@@ -2,20 +2,36 @@
 
 The engine's costs come from its timing rows (the target's pass over m new tokens at the prompt's context, the
 draft's one-token step); each acceptance request (one configuration on one prompt: new tokens, drafted,
-accepted, the server's prompt time) is priced by ``speclab.engine_time.predict`` and its prompt time added on
-both sides (with a draft model, the draft also reads the prompt: priced at the draft/target step ratio). The
-per-request predictions then go to ``speclab.planning.recommend``, which picks per kind as for speclab's loop
-(robust choice, sign test, plain decoding as a candidate at exactly 1).
+accepted, the server's prompt and decode times) is priced by ``speclab.engine_time.predict``. What those passes do
+not hold (sampling every checked position, the draft's catch-up after a rejection, the server's bookkeeping) is
+calibrated on the plan's own requests (``fit_overheads``): their decode time is measured, so a least-squares fit
+gives a cost per target pass and per drafted token, one for draft models and one for n-gram lookup (whose
+per-pass cost stands in for plain decoding's per-token one, the same sampling and bookkeeping). The prompt: a
+speculative request's prompt time includes the draft model reading it, so plain decoding's is the target's share
+(``prompt_s * t_T / (t_T + t_D)``). The per-request predictions then go to ``speclab.planning.recommend``, which
+picks per kind as for speclab's loop (robust choice, sign test, plain decoding as a candidate at exactly 1).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from speclab.engine_time import Counters, EngineCosts, predict, with_prompt
+from speclab.engine_time import Counters, EngineCosts, predict
 
 # drafter columns whose proposals come from a draft model (llama.cpp's draft-simple is "model")
 MODEL_DRAFTERS = ("model",)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Seconds the timed passes leave out: per target pass and per drafted token with a draft model, per pass with
+    n-gram lookup (also plain decoding's per token)."""
+
+    model_per_pass: float = 0.0
+    model_per_draft: float = 0.0
+    lookup_per_pass: float = 0.0
 
 
 def engine_costs(timing: pd.DataFrame) -> EngineCosts:
@@ -29,17 +45,46 @@ def engine_costs(timing: pd.DataFrame) -> EngineCosts:
                                     {float(m): float(s) for m, s in target.items()})
 
 
-def predict_requests(costs: EngineCosts, acc: pd.DataFrame) -> pd.DataFrame:
+def _priced(costs: EngineCosts, r) -> tuple[float, float, float]:
+    """(passes, drafted, the timed passes' seconds) of one request."""
+    c = costs if r.drafter in MODEL_DRAFTERS else costs.without_draft()
+    p = predict(c, Counters(float(r.new_tokens), float(r.proposed), float(r.accepted)))
+    return p.passes, float(r.proposed), p.speculative_s
+
+
+def fit_overheads(costs: EngineCosts, acc: pd.DataFrame) -> Overheads:
+    """Least squares (non-negative) of each request's measured decode time (``total_s``) beyond its timed passes,
+    on its passes and drafted tokens; zeros where the rows do not say (no decode time, too few requests)."""
+    from scipy.optimize import nnls
+
+    rows = [(r.drafter in MODEL_DRAFTERS, *_priced(costs, r), float(r.total_s)) for r in acc.itertuples()
+            if r.total_s == r.total_s and r.new_tokens > r.accepted]
+    fit = {}
+    for model in (True, False):
+        got = [(passes, drafted, measured - priced) for m, passes, drafted, priced, measured in rows if m == model]
+        if len(got) < 3:
+            fit[model] = (0.0, 0.0)
+            continue
+        a = np.array([[p, d] if model else [p] for p, d, _ in got], float)
+        x, _ = nnls(a, np.array([r for _, _, r in got], float))
+        fit[model] = (float(x[0]), float(x[1]) if model else 0.0)
+    return Overheads(fit[True][0], fit[True][1], fit[False][0])
+
+
+def predict_requests(costs: EngineCosts, acc: pd.DataFrame, overheads: Overheads = Overheads()) -> pd.DataFrame:
     """Per acceptance request: the predicted speed-up over plain decoding (prompt time included), its alpha."""
     rows = []
-    ratio = costs.draft_step_s / costs.target_step_s if costs.draft_step_s == costs.draft_step_s else 0.0
+    share = costs.target_step_s / (costs.target_step_s + costs.draft_step_s) if costs.draft_step_s > 0 else 1.0
     for r in acc.itertuples():
         uses_model = r.drafter in MODEL_DRAFTERS
-        c = costs if uses_model else costs.without_draft()
+        passes, drafted, priced = _priced(costs, r)
         prompt = float(r.prefill_s) if r.prefill_s == r.prefill_s else 0.0
-        p = with_prompt(predict(c, Counters(float(r.new_tokens), float(r.proposed), float(r.accepted))), prompt,
-                        prompt * ratio if uses_model else 0.0)
+        extra = (overheads.model_per_pass * passes + overheads.model_per_draft * drafted if uses_model
+                 else overheads.lookup_per_pass * passes)
+        spec = priced + extra + prompt
+        plain = float(r.new_tokens) * (costs.target_step_s + overheads.lookup_per_pass) + prompt * (
+            share if uses_model else 1.0)
         rows.append({"prompt_id": r.prompt_id, "kind": r.kind, "drafter": r.drafter, "k_policy": r.k_policy,
-                     "k": int(r.k), "predicted": p.speedup, "predicted_iid": np.nan,
-                     "alpha": r.accepted / r.proposed if r.proposed else np.nan})
+                     "k": int(r.k), "predicted": plain / spec if passes > 0 and spec > 0 else np.nan,
+                     "predicted_iid": np.nan, "alpha": r.accepted / r.proposed if r.proposed else np.nan})
     return pd.DataFrame(rows)

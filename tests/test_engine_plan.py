@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from pipeline.stages.plan import choice_text
-from speclab.engine_plan import engine_costs, predict_requests
+from speclab.engine_plan import engine_costs, fit_overheads, predict_requests
 from speclab.planning import recommend
 
 
@@ -28,9 +28,9 @@ def test_costs_are_the_prompts_own_context_medians():
     assert c.verify.time(5) == pytest.approx(0.018)
 
 
-def request(drafter, k, policy, accepted, drafted, n=48, prefill=0.0, kind="code", pid="a"):
+def request(drafter, k, policy, accepted, drafted, n=48, prefill=0.0, kind="code", pid="a", total=float("nan")):
     return {"prompt_id": pid, "kind": kind, "drafter": drafter, "k": k, "k_policy": policy, "new_tokens": n,
-            "proposed": drafted, "accepted": accepted, "prefill_s": prefill}
+            "proposed": drafted, "accepted": accepted, "prefill_s": prefill, "total_s": total}
 
 
 def test_a_request_is_priced_by_passes_drafts_and_checks_with_the_prompt_on_both_sides():
@@ -39,11 +39,30 @@ def test_a_request_is_priced_by_passes_drafts_and_checks_with_the_prompt_on_both
     d = 40 / 12
     spec = 12 * (d * 0.004 + 0.010 + 0.002 * d)
     plain = 48 * 0.010
-    got = predict_requests(costs, pd.DataFrame([request("model", 4, "fixed", 36, 40, prefill=0.1)]))
-    # the draft model also reads the prompt: its prefill is priced at the draft/target step ratio
-    assert got.predicted[0] == pytest.approx((plain + 0.1) / (spec + 0.1 * (1 + 0.4)))
+    got = predict_requests(costs, pd.DataFrame([request("model", 4, "fixed", 36, 40, prefill=0.14)]))
+    # the speculative request's prompt time holds the draft reading it too: plain decoding's is the target's share
+    assert got.predicted[0] == pytest.approx((plain + 0.14 * 10 / 14) / (spec + 0.14))
     lookup = predict_requests(costs, pd.DataFrame([request("ngram-simple", 0, "library_default", 36, 40)]))
     assert lookup.predicted[0] == pytest.approx(plain / (12 * (0.010 + 0.002 * d)))  # no draft model: drafts free
+
+
+def test_overheads_the_passes_leave_out_are_fitted_on_the_plans_own_requests_and_priced():
+    costs = engine_costs(timing_rows())
+    per_pass, per_draft, lookup = 0.020, 0.003, 0.001
+    reqs = []
+    for i, (acc, drafted) in enumerate([(36, 40), (20, 40), (30, 48), (10, 16), (5, 30)]):
+        passes, d = 48 - acc, drafted / (48 - acc)
+        timed = passes * (d * 0.004 + 0.010 + 0.002 * d)
+        reqs.append(request("model", 4, "fixed", acc, drafted, pid=f"m{i}",
+                            total=timed + per_pass * passes + per_draft * drafted))
+    for i, (acc, drafted) in enumerate([(10, 12), (0, 0), (20, 30)]):
+        passes, d = 48 - acc, drafted / (48 - acc)
+        reqs.append(request("ngram-simple", 0, "library_default", acc, drafted, pid=f"n{i}",
+                            total=passes * (0.010 + 0.002 * d) + lookup * passes))
+    o = fit_overheads(costs, pd.DataFrame(reqs))
+    assert (o.model_per_pass, o.model_per_draft, o.lookup_per_pass) == pytest.approx((per_pass, per_draft, lookup))
+    got = predict_requests(costs, pd.DataFrame([reqs[0]]), o).predicted[0]
+    assert got == pytest.approx(48 * (0.010 + lookup) / reqs[0]["total_s"])  # plain pays the per-token overhead too
 
 
 def test_the_plan_recommends_no_speculation_where_every_candidate_loses_and_says_the_flags_otherwise():

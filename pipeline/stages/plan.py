@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from pipeline.context import StageContext
 from pipeline.jobs import output_path
 from store.records import make_schema
-from speclab.engine_plan import engine_costs, predict_requests
+from speclab.engine_plan import engine_costs, fit_overheads, predict_requests
 from speclab.engines.llama_arms import pasted_flags
 from speclab.arms import Arm
 from speclab.planning import calibrate, predict_runs, recommend
@@ -40,7 +40,8 @@ def run(ctx: StageContext) -> StageOutput:
     cfg = ctx.cfg
     timing, acc = (_this_job(cfg, s) for s in NEEDS)
     if ctx.runner is not None and ctx.runner.name != "speclab":  # an engine's own costs and counters
-        pred = predict_requests(engine_costs(timing), acc)
+        costs = engine_costs(timing)
+        pred = predict_requests(costs, acc, fit_overheads(costs, acc))  # calibrated on this plan's own requests
     else:
         pred = predict_runs(calibrate(timing, acc), acc)
     rec = recommend(pred, int(cfg.stage.bootstrap), float(cfg.stage.level))
