@@ -34,6 +34,7 @@ from analysis.common import bootstrap_ci  # noqa: E402
 from store.records import write_parquet  # noqa: E402
 
 OUT = Path("outputs/benchmarks/llama_plain.parquet")
+TARGETS = {"qwen25_coder_bf16": "qwen2.5-coder-1.5b", "smollm2_int8": "smollm2-135m"}  # --pair -> its target GGUF
 SCHEMA = pa.schema([("round", pa.int32()), ("arm", pa.string()), ("position", pa.int32()),
                     ("prompt_id", pa.string()), ("kind", pa.string()), ("new_tokens", pa.int32()),
                     ("wall_s", pa.float64()), ("tokens_per_s", pa.float64())])
@@ -51,50 +52,20 @@ def stage_rows(args, outputs: str, r: int) -> pd.DataFrame:
 
 
 def direct_rows(args, requests: list[tuple[str, str, list[int]]]) -> list[dict]:
-    """The same requests to a llama-server started here, timed around each HTTP exchange."""
-    from speclab.engines.llama_build import installed
-    from speclab.engines.llama_server import free_port
+    """The same requests to a llama-server started here, timed around each HTTP exchange (the first one twice: a
+    warm-up)."""
     from speclab.models import packaged_gguf_path
 
-    cfg_target = {"qwen25_coder_bf16": "qwen2.5-coder-1.5b", "smollm2_int8": "smollm2-135m"}[args.pair]
-    port = free_port()
-    argv = [str(installed() / "llama-server"), "-m", str(packaged_gguf_path(cfg_target)), "--host", "127.0.0.1",
-            "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads), "-c", "2048", "--parallel", "1",
-            "--no-webui", "--cache-ram", "0"]
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 300
-            while True:  # /health answers 503 while the model loads
-                try:
-                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                    c.request("GET", "/health")
-                    if c.getresponse().status == 200:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the directly started llama-server did not come up")
-                time.sleep(0.1)
-            rows = []
-            for i, (pid, kind, ids) in enumerate([requests[0], *requests]):  # the first one twice: a warm-up
-                body = json.dumps({"prompt": ids, "n_predict": args.max_new_tokens, "cache_prompt": False,
-                                   "return_tokens": True, "temperature": 0.0, "top_k": 1})
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-                start = time.perf_counter()
-                conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
-                answer = json.loads(conn.getresponse().read())
-                wall = time.perf_counter() - start
-                if "tokens" not in answer:
-                    raise SystemExit(f"llama-server answered without tokens: {str(answer)[:200]}")
-                if i:
-                    n = len(answer["tokens"])
-                    rows.append({"prompt_id": pid, "kind": kind, "new_tokens": n, "wall_s": wall,
-                                 "tokens_per_s": n / wall})
-            return rows
-        finally:
-            server.terminate()
-            server.wait()
+    direct = DirectServer(args, packaged_gguf_path(TARGETS[args.pair]))
+    try:
+        direct.request(requests[0][2])
+        rows = []
+        for pid, kind, ids in requests:
+            n, wall = direct.request(ids)
+            rows.append({"prompt_id": pid, "kind": kind, "new_tokens": n, "wall_s": wall, "tokens_per_s": n / wall})
+        return rows
+    finally:
+        direct.close()
 
 
 def interleaved_rows(args, requests: list[tuple[str, str, list[int]]], r: int) -> list[dict]:
@@ -105,7 +76,7 @@ def interleaved_rows(args, requests: list[tuple[str, str, list[int]]], r: int) -
     from speclab.engines.llama_cpp import LlamaCppEngine, LlamaSettings, sampling_payload
     from speclab.models import packaged_gguf_path
 
-    target = packaged_gguf_path({"qwen25_coder_bf16": "qwen2.5-coder-1.5b", "smollm2_int8": "smollm2-135m"}[args.pair])
+    target = packaged_gguf_path(TARGETS[args.pair])
     engine = LlamaCppEngine(LlamaSettings(binary=str(installed() / "llama-server"), threads=args.threads), target, None)
     direct = DirectServer(args, target)
     rows = []
@@ -174,7 +145,7 @@ class DirectServer:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pair", default="qwen25_coder_bf16", choices=["qwen25_coder_bf16", "smollm2_int8"])
+    ap.add_argument("--pair", default="qwen25_coder_bf16", choices=list(TARGETS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-kind", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -217,8 +188,7 @@ def prompt_requests(args) -> list[tuple[str, str, list[int]]]:
         from pipeline.prompts import encode, load_prompts
         from speclab.models import load_tokenizer
 
-        target = {"qwen25_coder_bf16": "qwen2.5-coder-1.5b", "smollm2_int8": "smollm2-135m"}[args.pair]
-        tok = load_tokenizer(target)
+        tok = load_tokenizer(TARGETS[args.pair])
         prompts = load_prompts("default.yaml", ["prose", "code", "structured"], args.per_kind)
         _REQUESTS = [(p.id, p.kind, encode(p, tok, len(tok), "cpu")[0].tolist()) for p in prompts]
     return _REQUESTS
