@@ -316,6 +316,20 @@ def transfer_lines(tr: pd.DataFrame) -> list[str]:
     return lines
 
 
+COMMON_ARM = "draft model k=4"  # the configuration both engines run (conf/sweep/engines.yaml): named on every line
+
+
+def _common_arm(preds: pd.DataFrame, pair: str, engine: str) -> str:
+    """``; draft model k=4 over all kinds x0.54 (0.52-0.57)`` where the engine ran it on every kind pooled."""
+    if preds is None or preds.empty:
+        return ""
+    row = preds[(preds.pair == pair) & (preds.engine == engine) & (preds.config == COMMON_ARM) & (preds.kind == ALL)]
+    if row.empty:
+        return ""
+    r = row.iloc[0]
+    return f"; {COMMON_ARM} over all kinds x{_x(r.measured)} ({_ci(r.measured_lo, r.measured_hi)})"
+
+
 def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> str:
     """The report's first-screen block: one row per pair, kind and engine, the transfer's errors, the link."""
     s = [f"### Across engines (campaign {campaign})\n"]
@@ -326,13 +340,15 @@ def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> s
     s.append("Per pair, each engine's plain tokens/s (median over kinds) and, per prompt kind, its best greedy "
              "configuration's speed-up over its own adjacent plain run (95% bootstrap interval; the full table: the "
              "section linked below):\n")
+    preds = tables.get("predictions", pd.DataFrame())
     for pair, g in sm.groupby("pair", sort=True):
         parts = []
         for engine, e in g.groupby("engine", sort=True):
             kinds = "; ".join(f"{r.kind} {r.best}" + (f" `{r.pasted_flags}`" if r.pasted_flags else "")
                               + f" x{_x(r.speedup)} ({_ci(r.speedup_lo, r.speedup_hi)}, {r.verdict})"
                               for r in e.itertuples())
-            parts.append(f"**{engine_name(engine)}** {e.plain_tokens_per_s.median():.1f} tok/s: {kinds}")
+            parts.append(f"**{engine_name(engine)}** {e.plain_tokens_per_s.median():.1f} tok/s: {kinds}"
+                         + _common_arm(preds, pair, engine))
         s.append(f"- {pair}: " + " | ".join(parts))
     s.append("")
     tr = tables.get("transfer", pd.DataFrame())

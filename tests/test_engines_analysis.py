@@ -138,6 +138,17 @@ def test_transfer_prices_one_engines_acceptance_with_the_others_costs(tables):
     assert "speclab's acceptance priced with llama.cpp's timed costs" in text
 
 
+def test_the_first_screen_names_the_configuration_both_engines_ran_pooled_over_kinds():
+    from analysis.engines import _common_arm
+
+    preds = pd.DataFrame([{"pair": "p", "engine": "llama_cpp", "config": "draft model k=4", "kind": "code",
+                           "measured": 0.9, "measured_lo": 0.8, "measured_hi": 1.0},
+                          {"pair": "p", "engine": "llama_cpp", "config": "draft model k=4", "kind": "all",
+                           "measured": 0.54, "measured_lo": 0.52, "measured_hi": 0.57}])
+    assert _common_arm(preds, "p", "llama_cpp") == "; draft model k=4 over all kinds x0.54 (0.52-0.57)"
+    assert _common_arm(preds, "p", "speclab") == ""  # not measured in that engine: nothing said
+
+
 def test_answer_keeps_engines_apart_and_speclab_only_campaigns_as_before():
     speed = hand_made()
     runs = speculative_runs(speed, "eng")
