@@ -11,6 +11,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config_schema import ConfigError, DivergenceStage
+from pipeline.job_arms import engine_name
 from pipeline.stages.options import chosen
 
 LLAMA = "llama_cpp"
@@ -24,10 +25,6 @@ DEFAULT_ARMS = [{"method": "speculative", "drafter": None, "k_policy": None, "ks
 SPECLAB_ARM_KEYS = ("drafters", "k_policies", "policy_drafters", "drafter_ks", "peer", "peer_modes", "best_fixed")
 
 PLAN_PRESETS = ("drafters", "k_policies", "policy_drafters", "prefill")
-
-
-def engine_name(cfg: DictConfig) -> str:
-    return str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
 
 
 def _set(value) -> bool:

@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from speclab.arms import NONE, PLAIN, RECOMMENDED, Arm
 from speclab.engines import llama_arms
-from speclab.engines.llama_cpp import EngineRun, LlamaCppEngine, LlamaSettings, gguf_type, sampling_payload
+from speclab.engines.llama_cpp import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
+                                       sampling_payload, top_probs as position_probs)
 from speclab.gguf_header import read_metadata
 
 log = logging.getLogger("speclab")
@@ -199,12 +200,9 @@ class LlamaRunner:
         answer = server.post("/completion", {"prompt": base, "n_predict": 1, "cache_prompt": bool(cached),
                                              "temperature": 0.0, "n_probs": int(n_probs),
                                              "post_sampling_probs": False})
-        done = int((answer.get("timings") or {}).get("prompt_n") or -1)
-        if cached and done != len(base) - cached:
-            raise RuntimeError(f"llama-server processed {done} prompt tokens where {len(base) - cached} new ones were "
-                               "sent after a cached prompt: its prompt cache did not hold")
-        first = (answer.get("completion_probabilities") or [{}])[0]
-        return [(int(p["id"]), math.exp(float(p["logprob"]))) for p in first.get("top_logprobs") or []]
+        if cached:
+            check_cached(answer, len(base) - cached)
+        return position_probs((answer.get("completion_probabilities") or [{}])[0])
 
     def model_sizes(self) -> dict[str, Any]:
         """The timing stage's size columns from the GGUF files: bytes on disk as llama.cpp maps them, decoder

@@ -8,6 +8,11 @@ from speclab.arms import ArmEntry, entry
 from store.legacy_arms import effective_arms
 
 
+def engine_name(cfg: DictConfig) -> str:
+    """The engine that runs the job's arms (``engine`` group; a config composed before it: speclab's loop)."""
+    return str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
+
+
 def stage_entries(cfg: DictConfig) -> list[ArmEntry]:
     """The job's arm entries; none for a stage without arms (acceptance, timing, ...)."""
     if "arms" not in cfg.stage:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipeline.job_arms import stage_entries
+from pipeline.job_arms import engine_name, stage_entries
 from speclab.arms import needs, policies as arm_policies
 from store import best_fixed, layout, plans
 
@@ -32,8 +32,7 @@ def latest_plan_file(cfg: DictConfig) -> Path | None:
     frozen = OmegaConf.select(cfg, "inputs.plan")
     if frozen is not None:
         return layout.stage_dir(cfg.outputs_dir, str(cfg.campaign), "plan") / f"{frozen}.parquet"
-    engine = str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
-    return plans.latest_plan_file(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name), engine)
+    return plans.latest_plan_file(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name), engine_name(cfg))
 
 
 def find_best_fixed(cfg: DictConfig) -> best_fixed.BestFixed | None:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config_schema import ConfigError
 from pipeline.context import job_k_max
-from pipeline.job_arms import stage_entries
+from pipeline.job_arms import engine_name, stage_entries
 from pipeline.prompt_types import Prompt
 from speclab.memory_estimate import (CONSERVATIVE, PY_CANDIDATE, ModelDims, PassCost, available_memory,
                                      dims_from_config, pass_cost, size)
@@ -273,7 +273,7 @@ def check_shapes(cfg: DictConfig, prompts: list[Prompt], free: int | None = None
     """Refuse, in one line and before any model loads, a shape the pair cannot run here (see the module doc).
     ``free``: the bytes to compare with (default: what the job's device has free now). An engine other than
     speclab's loop runs its own files (llama.cpp: GGUF as shipped, checked by its runner before a server starts)."""
-    if str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab") != "speclab":
+    if engine_name(cfg) != "speclab":
         return
     target, draft = pair_models(cfg)
     trees = _tree_arms(cfg)

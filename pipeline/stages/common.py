@@ -10,6 +10,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.context import StageContext
+from pipeline.job_arms import engine_name
 from pipeline.stages.options import uses
 from speclab.sampling import SamplingConfig
 from speclab.stats import median_interval
@@ -90,10 +91,6 @@ def arm_run_name(cfg: DictConfig, part: str, arm: str) -> str:
             *([f"r{cfg.round}"] if cfg.round else []), str(cfg.pair.name)]
     return " · ".join(bits)
 
-
-def engine_name(cfg: DictConfig) -> str:
-    """The engine that runs the job's arms (``engine`` group; jobs composed before it: speclab's loop)."""
-    return str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
 
 
 def ks_label(ks: list[int]) -> str:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.context import StageContext
 from pipeline.engine_speclab import BLOCK_STEP_FIELDS, SpeclabRunner
-from pipeline.job_arms import stage_entries
+from pipeline.job_arms import engine_name, stage_entries
 from pipeline.job_inputs import latest_plan_file
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.common import (
@@ -116,8 +116,7 @@ def latest_plan(cfg: DictConfig) -> dict[str, Arm]:
                          f"run `python -m pipeline.run +sweep=plan campaign={cfg.campaign}` first")
     rec = pd.read_parquet(plan)
     rec = rec[rec.recommended]
-    engine = str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
-    return {str(r.kind): Arm("recommended", int(r.k) or None, str(r.k_policy), str(r.drafter), engine)
+    return {str(r.kind): Arm("recommended", int(r.k) or None, str(r.k_policy), str(r.drafter), engine_name(cfg))
             for r in rec.itertuples()}
 
 

@@ -138,12 +138,10 @@ def _tool_missing() -> str | None:
 
 
 def probe(bin_dir: Path, gguf: Path | None) -> str | None:
-    """Run the built llama-bench once on a small model; the reason it failed, or None."""
-    cmd = [str(bin_dir / "llama-bench"), "-t", "1", "-p", "8", "-n", "2", "-r", "1", "-o", "json"]
-    if gguf is None:
-        cmd = [str(bin_dir / "llama-server"), "--version"]
-    else:
-        cmd += ["-m", str(gguf)]
+    """Run the built llama-bench once on a small model (without one: llama-server --version); the reason it
+    failed, or None."""
+    cmd = ([str(bin_dir / "llama-server"), "--version"] if gguf is None else
+           [str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", "1", "-p", "8", "-n", "2", "-r", "1", "-o", "json"])
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ m - 1 proposals makes.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,21 @@ class EngineRun:
     def iterations(self) -> int:
         """Target passes after the prompt's: every pass yields one token of its own beside the accepted ones."""
         return max(len(self.tokens) - self.accepted, 0)
+
+
+def top_probs(item: dict[str, Any]) -> list[tuple[int, float]]:
+    """One position of an answer's ``completion_probabilities``: (token id, probability), best first."""
+    return [(int(p["id"]), math.exp(float(p["logprob"]))) for p in item.get("top_logprobs") or []]
+
+
+def check_cached(answer: dict[str, Any], new: int) -> dict[str, Any]:
+    """The answer's timings, once they say the server processed exactly the ``new`` tokens sent after a cached
+    prompt (RuntimeError otherwise: a pass timed over the whole prompt would not be the pass meant)."""
+    t = answer.get("timings") or {}
+    if int(t.get("prompt_n") or -1) != new:
+        raise RuntimeError(f"llama-server processed {t.get('prompt_n')} prompt tokens where {new} new ones were sent "
+                           "after a cached prompt: its prompt cache did not hold")
+    return t
 
 
 def gguf_type(path: str | Path) -> str:
@@ -135,10 +151,7 @@ class LlamaCppEngine:
         answer = server.post("/completion", payload)
         wall = time.perf_counter() - start
         t = answer.get("timings", {})
-        probs = []
-        for item in answer.get("completion_probabilities", []) if n_probs else []:
-            import math
-            probs.append([(int(p["id"]), math.exp(float(p["logprob"]))) for p in item.get("top_logprobs", [])])
+        probs = [top_probs(item) for item in answer.get("completion_probabilities", [])] if n_probs else []
         return EngineRun(tokens=[int(x) for x in answer.get("tokens", [])], wall_s=wall,
                          prompt_s=float(t.get("prompt_ms", float("nan"))) / 1e3,
                          decode_s=float(t.get("predicted_ms", float("nan"))) / 1e3, prompt_n=int(t.get("prompt_n", 0)),
@@ -157,10 +170,7 @@ class LlamaCppEngine:
                 server.post("/completion", {"prompt": base, "n_predict": 1, "cache_prompt": True, "temperature": 0.0})
                 answer = server.post("/completion", {"prompt": base + [int(t) for t in extension[:m]], "n_predict": 1,
                                                      "cache_prompt": True, "temperature": 0.0})
-                t = answer.get("timings", {})
-                if int(t.get("prompt_n", -1)) != m:
-                    raise RuntimeError(f"llama-server processed {t.get('prompt_n')} prompt tokens where {m} new ones "
-                                       "were sent after a cached prompt: its prompt cache did not hold")
+                t = check_cached(answer, m)
                 if i >= warmup:
                     out[m].append(float(t["prompt_ms"]) / 1e3)
         return out
