@@ -136,6 +136,8 @@ class JobRuns:
                 self.tracker.finish(self._parent, {}, description=lines)
             else:
                 self.tracker.end(self._parent, status)
+        if status == "KILLED":  # an interrupt may land between a run's creation and its id's return
+            self.tracker.end_runs_of_this_process(status)
         self._write_record(status, parts)
 
     def _write_record(self, status: str, parts: list[str]) -> None:

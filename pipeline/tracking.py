@@ -246,6 +246,17 @@ class Tracker:
             log.info(f"MLflow: {len(dead)} run(s) left RUNNING by processes that died are now KILLED")
         return len(dead)
 
+    def end_runs_of_this_process(self, status: str) -> int:
+        """End every run this process opened and left RUNNING, one whose creation an interrupt cut short
+        (in the store, its id never returned) included: matched by this process's host, pid and start time."""
+        me = process_tags()
+        mine = {run.info.run_id for run in self._search({}, "RUNNING")
+                if all(run.data.tags.get(key) == value for key, value in me.items())}
+        for run_id in mine | self._open:
+            self._call(lambda c, rid=run_id: c.set_terminated(rid, status))
+        self._open.clear()
+        return len(mine)
+
     def supersede(self, identity: dict[str, str], run_id: str | None) -> int:
         """Tag ``superseded=true`` the older FINISHED runs of the same file (campaign, stage, config hash;
         stage runs and their arms) once ``run_id`` recomputed it, so one run per file stays current."""

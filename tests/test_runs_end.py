@@ -329,9 +329,10 @@ CTRL_C_IN_CREATE_RUN = ("import os, signal, time, mlflow\n"
 
 
 @pytest.mark.slow
-def test_a_run_being_created_when_ctrl_c_lands_is_ended_too(tmp_path):
+@pytest.mark.parametrize("launcher", [(), ("+launcher=joblib",)], ids=["basic", "joblib"])
+def test_a_run_being_created_when_ctrl_c_lands_is_ended_too(tmp_path, launcher):
     db = tmp_path / "mlflow.db"
-    status, _, stderr = _sweep_to_end(tmp_path, CTRL_C_IN_CREATE_RUN, 180, "k=1,2", "+launcher=joblib")
+    status, _, stderr = _sweep_to_end(tmp_path, CTRL_C_IN_CREATE_RUN, 180, "k=1,2", *launcher)
     assert status == 128 + signal.SIGINT, stderr[-3000:]
     assert _levels(db, "KILLED").count("stage") >= 1, _statuses(db)
     assert "RUNNING" not in _statuses(db).values()
