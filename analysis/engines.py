@@ -12,8 +12,10 @@ pooled over its runs).
 Per configuration (``predictions``): the speed-up each run's own counters predict at its own job's timed costs
 (speclab.engine_time: passes = n - accepted, each priced at drafted-per-pass draft steps and a target pass over
 drafted-per-pass + 1 tokens, against n target steps; the prompt read first on both sides, at the engine's plain
-run's prompt time for that prompt, and by a draft model too at the draft/target step ratio), the median over runs
-against the measured median, with the chapter's i.i.d. form at the same costs beside it (decode only; its alpha is
+run's prompt time for that prompt, and by a draft model too at the draft/target step ratio; for an engine such as
+llama.cpp, as its plan prices it, speclab.engine_plan: the request's own prompt time, plain decoding paying the
+target's share, plus the per-pass and per-drafted-token overheads calibrated on the campaign's acceptance requests
+of that pair and engine, a plan's), the median over runs against the measured median, with the chapter's i.i.d. form at the same costs beside it (decode only; its alpha is
 accepted / checked, speclab's alpha-hat, where llama.cpp checks every proposal it drafted).
 
 The transfer question (``transfer``): for a pair measured in two engines, the draft model at the same fixed k in
@@ -40,6 +42,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
 from speclab.arms import NONE, PLAN, Arm, drafter_runs_model
+from speclab.engine_plan import Overheads, engine_costs, fit_overheads, predict_requests, speed_requests
 from speclab.engine_time import EngineCosts, iid_speedup, predicted_speedups
 from speclab.engines.llama_arms import ENGINE as LLAMA, pasted_flags
 from speclab.tree_specs import is_tree
@@ -157,12 +160,45 @@ def predict_rows(spec: pd.DataFrame, costs: EngineCosts | None, prompts: dict[st
     return out
 
 
-def own_predictions(spec: pd.DataFrame, plain: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
-    """Every row priced at its own job's timed costs and its engine's prompt times."""
+def calibration(timing: pd.DataFrame, acceptance: pd.DataFrame, pair: str, engine: str) -> Overheads:
+    """What an engine's timed passes leave out (speclab.engine_plan.fit_overheads), fitted on the campaign's
+    acceptance requests of this pair and engine (a plan's) at its timing stage's costs; none without them."""
+    if engine == SPECLAB or timing.empty or acceptance.empty or "total_s" not in acceptance:
+        return Overheads()
+    t = timing[(timing.pair == pair) & (timing.engine == engine)]
+    a = acceptance[(acceptance.pair == pair) & (acceptance.engine == engine)]
+    if a.empty or not (t.model == "target").any():
+        return Overheads()
+    return fit_overheads(engine_costs(t), a)
+
+
+def price(rows: pd.DataFrame, costs: EngineCosts | None, engine: str, pair: str, plain: pd.DataFrame,
+          timing: pd.DataFrame, acceptance: pd.DataFrame, spec_prompts: dict[str, float] | None = None) -> np.ndarray:
+    """``rows``' predicted speed-ups at ``engine``'s costs: speclab's loop with that engine's plain runs' prompt
+    times (``predict_rows``); an engine such as llama.cpp the way its plan prices it (speclab.engine_plan: each
+    request's prompt time, plain decoding paying the target's share, plus the overheads calibrated on the
+    campaign's acceptance requests). ``spec_prompts``: the engine's own speculative prompt times, for rows of
+    another engine."""
+    if engine == SPECLAB or costs is None:
+        return predict_rows(rows, costs, prompt_times(plain, pair, engine))
+    out = pd.Series(np.nan, index=rows.index)
+    priced = rows[rows.iterations > 0]
+    requests = speed_requests(priced)
+    if spec_prompts:
+        fallback = float(np.median(list(spec_prompts.values())))
+        requests["prefill_s"] = requests.prompt_id.map(lambda p: spec_prompts.get(str(p), fallback)).astype(float)
+    out[priced.index] = predict_requests(costs, requests, calibration(timing, acceptance, pair, engine)).predicted.values
+    return out.to_numpy()
+
+
+def own_predictions(spec: pd.DataFrame, plain: pd.DataFrame, timing: pd.DataFrame,
+                    acceptance: pd.DataFrame | None = None) -> np.ndarray:
+    """Every row priced at its own job's timed costs (``price``)."""
+    acceptance = pd.DataFrame() if acceptance is None else acceptance
     out = pd.Series(np.nan, index=spec.index)
     for (pair, engine, _job), g in spec.groupby(["pair", "engine", "config_hash"], sort=False):
-        out[g.index] = predict_rows(g, costs_of(g, timing_curve(timing, pair, engine)),
-                                    prompt_times(plain, pair, engine))
+        out[g.index] = price(g, costs_of(g, timing_curve(timing, pair, engine)), engine, pair, plain, timing,
+                             acceptance)
     return out.to_numpy()
 
 
@@ -246,7 +282,7 @@ def matched(spec: pd.DataFrame) -> pd.DataFrame:
 
 
 def transfer(spec: pd.DataFrame, plain: pd.DataFrame, costs: dict[tuple[str, str], EngineCosts | None],
-             boot: dict) -> pd.DataFrame:
+             boot: dict, timing: pd.DataFrame | None = None, acceptance: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per pair measured in two engines, kind (and all kinds) and k run by both: engine A's runs priced with engine
     B's costs and B's prompt times (median over A's runs) against B's measured speed-up, beside B's runs priced
     the same way."""
@@ -260,7 +296,10 @@ def transfer(spec: pd.DataFrame, plain: pd.DataFrame, costs: dict[tuple[str, str
                 if a == b or c is None:
                     continue
                 ga, gb = g[g.engine == a], g[g.engine == b]
-                priced = predict_rows(ga, c, prompt_times(plain, pair, b))
+                own_prompts = gb.groupby("prompt_id").prefill_s.median()
+                priced = price(ga, c, b, pair, plain, pd.DataFrame() if timing is None else timing,
+                               pd.DataFrame() if acceptance is None else acceptance,
+                               {str(p): float(v) for p, v in own_prompts.items() if v == v})
                 r = gb.ratio_to_adjacent_plain.to_numpy(dtype=float)
                 lo, hi = bootstrap_ci(r, np.median, **boot) if len(r) > 1 else (np.nan, np.nan)
                 measured = float(np.median(r))
@@ -274,8 +313,10 @@ def transfer(spec: pd.DataFrame, plain: pd.DataFrame, costs: dict[tuple[str, str
     return pd.DataFrame(rows, columns=TRANSFER)
 
 
-def compute(speed: pd.DataFrame, timing: pd.DataFrame, boot: dict) -> dict[str, pd.DataFrame]:
-    """The three tables from a campaign's (drift-filtered) speed rows and its timing rows."""
+def compute(speed: pd.DataFrame, timing: pd.DataFrame, boot: dict,
+            acceptance: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """The three tables from a campaign's (drift-filtered) speed rows, its timing rows and its acceptance rows
+    (an engine's calibration)."""
     greedy = speed[~speed.do_sample.astype(bool) & speed.ratio_to_adjacent_plain.notna()] if len(speed) else speed
     spec = greedy[greedy.arm != "plain"] if len(greedy) else greedy
     if spec.empty:
@@ -283,11 +324,11 @@ def compute(speed: pd.DataFrame, timing: pd.DataFrame, boot: dict) -> dict[str, 
                 "transfer": pd.DataFrame(columns=TRANSFER)}
     spec = with_counters(spec).assign(config=lambda d: config_label(d), priceable=lambda d: priceable(d))
     plain = greedy[greedy.arm == "plain"]
-    spec = spec.assign(predicted=np.where(spec.priceable, own_predictions(spec, plain, timing), np.nan))
+    spec = spec.assign(predicted=np.where(spec.priceable, own_predictions(spec, plain, timing, acceptance), np.nan))
     costs = {(pair, engine): costs_of(g, timing_curve(timing, pair, engine))
              for (pair, engine), g in speed.groupby(["pair", "engine"], sort=True)}
     preds = predictions(spec, costs, boot)
-    return {"summary": summary(greedy, spec, preds), "predictions": preds, "transfer": transfer(spec, plain, costs, boot)}
+    return {"summary": summary(greedy, spec, preds), "predictions": preds, "transfer": transfer(spec, plain, costs, boot, timing, acceptance)}
 
 
 # ---------------------------------------------------------------------------------------------- rendering
@@ -367,7 +408,8 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str) -> str:
           "interval); alpha = accepted / drafted, pooled over runs. Predicted (speclab.engine_time): each run's own "
           "counters at its job's timed costs, passes = n - accepted, each a target pass over drafted-per-pass + 1 "
           "tokens plus drafted-per-pass draft steps (none for n-gram types), against n target steps; median over "
-          "runs. `predicted_iid`: the chapter's i.i.d. form at the same costs (alpha = accepted / checked). error = "
+          "runs; llama.cpp's runs as its plan prices them (speclab.engine_plan: plus the per-pass and per-drafted-token "
+          "overheads calibrated on the campaign's llama.cpp acceptance requests). `predicted_iid`: the chapter's i.i.d. form at the same costs (alpha = accepted / checked). error = "
           "predicted - measured.\n",
           "**Per pair, kind and engine: the best configuration**\n",
           markdown_table(sm.assign(engine=sm.engine.map(engine_name)), ".2f"), ""]
@@ -420,16 +462,17 @@ def read_tables(analysis_dir: str | Path) -> dict[str, pd.DataFrame]:
     return {name: read_table(Path(analysis_dir) / FOLDER, name) for name in TABLES}
 
 
-def read_campaign(params: dict, campaign: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The campaign's speed rows (drifted jobs left out when drift.exclude) and its timing rows."""
+def read_campaign(params: dict, campaign: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The campaign's speed rows (drifted jobs left out when drift.exclude), its timing and acceptance rows."""
     outputs = params["outputs_dir"]
-    speed, timing = (read_stage_if_any(outputs, stage, campaign) for stage in ("speed", "timing"))
+    speed, timing, acceptance = (read_stage_if_any(outputs, stage, campaign)
+                                 for stage in ("speed", "timing", "acceptance"))
     if not speed.empty and params["drift"].get("exclude", True):
         speed = drop_drifted(speed, drift_table(speed, float(params["drift"]["max_ratio"])))
-    for df in (speed, timing):
+    for df in (speed, timing, acceptance):
         if not df.empty and "engine" not in df:
             df["engine"] = SPECLAB
-    return speed, timing
+    return speed, timing, acceptance
 
 
 def main() -> None:
@@ -438,8 +481,8 @@ def main() -> None:
     if not campaign:
         raise AnalysisError("params.yaml names no engines_campaign: add `engines_campaign: <campaign>`")
     campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
-    speed, timing = read_campaign(params, campaign)
-    tables = compute(speed, timing, bootstrap_settings(params))
+    speed, timing, acceptance = read_campaign(params, campaign)
+    tables = compute(speed, timing, bootstrap_settings(params), acceptance)
     out = Path(params["analysis_dir"]) / FOLDER
     for name, df in tables.items():
         save_table(df, out / f"{name}.parquet")

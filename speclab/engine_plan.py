@@ -88,3 +88,13 @@ def predict_requests(costs: EngineCosts, acc: pd.DataFrame, overheads: Overheads
                      "k": int(r.k), "predicted": plain / spec if passes > 0 and spec > 0 else np.nan,
                      "predicted_iid": np.nan, "alpha": r.accepted / r.proposed if r.proposed else np.nan})
     return pd.DataFrame(rows)
+
+
+def speed_requests(spec: pd.DataFrame) -> pd.DataFrame:
+    """Speed rows of speculative arms as requests for ``predict_requests``: drafted = proposals per pass times
+    passes (``mean_k * iterations``), accepted = new tokens - passes, the request's own prompt time."""
+    drafted = (spec.mean_k * spec.iterations).round().fillna(0.0)
+    return pd.DataFrame({"prompt_id": spec.prompt_id.values, "kind": spec.kind.values, "drafter": spec.drafter.values,
+                         "k": spec.k.values, "k_policy": spec.k_policy.values, "new_tokens": spec.new_tokens.values,
+                         "proposed": drafted.values, "accepted": (spec.new_tokens - spec.iterations).values,
+                         "prefill_s": spec.prefill_s.values}, index=spec.index)

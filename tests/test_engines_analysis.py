@@ -24,6 +24,16 @@ LLAMA_COSTS = {"target_step": 0.004, "draft_step": 0.003, "verify": 0.006}
 PROMPT = {"speclab": 0.10, "llama_cpp": 0.04}  # each engine's plain run reading the prompt
 
 
+def prompt_time(engine: str, arm: str, drafter: str) -> float:
+    """A run's prompt time: speclab prices with its plain run's (a speculative run's own is never read); llama.cpp
+    with the request's own, a draft model's reading of the prompt included (the plain side pays the target's share)."""
+    if arm == "plain":
+        return PROMPT[engine]
+    if engine == "speclab":
+        return 9.0
+    return PROMPT[engine] * (1 + LLAMA_COSTS["draft_step"] / LLAMA_COSTS["target_step"] if drafter == "model" else 1)
+
+
 def row(engine: str, arm: str, ratio: float, prompt: str, *, k: int = 0, drafter: str = "none", policy: str = "none",
         n: int = 48, drafted: int = 0, accepted: int = 0, checked: int = 0, tps: float = 100.0,
         kind: str = "code") -> dict:
@@ -36,7 +46,7 @@ def row(engine: str, arm: str, ratio: float, prompt: str, *, k: int = 0, drafter
             else "int8", "prompt_id": prompt, "kind": kind, "arm": arm, "k": k, "drafter": drafter, "k_policy": policy,
             "do_sample": False, "temperature": 1.0, "top_p": 1.0, "new_tokens": n,
             "tokens_per_s": tps * ratio, "ratio_to_adjacent_plain": ratio,
-            "prefill_s": PROMPT[engine] if arm == "plain" else 9.0,  # a speculative run's own is never read
+            "prefill_s": prompt_time(engine, arm, drafter),
             "acceptance_rate": (accepted / checked if depths else accepted / drafted) if drafted else np.nan,
             "accepted_by_depth": f"{accepted - accepted // 2},{accepted // 2}" if depths else "",
             "checked_by_depth": f"{checked - checked // 2},{checked // 2}" if depths else "",
@@ -89,6 +99,35 @@ def test_each_run_priced_at_its_own_engines_costs(tables):
     # the chapter's i.i.d. form at the same costs: k = 2, alpha-hat = accepted / checked = 0.8
     a = 0.8
     assert s.predicted_iid == pytest.approx((1 + a + a * a) / (2 * 0.2 + 1.2))
+
+
+def test_llama_runs_are_priced_with_the_overheads_its_plans_requests_calibrate():
+    """What the timed passes leave out, fitted on the campaign's llama.cpp acceptance requests (a plan's): 1 ms per
+    pass and 0.5 ms per drafted token with the draft model, 0.2 ms per pass (and per plain token) with n-gram lookup."""
+    from speclab.engine_time import Counters, EngineCosts, predict
+
+    t_t, t_d, t_v3 = LLAMA_COSTS["target_step"], LLAMA_COSTS["draft_step"], LLAMA_COSTS["verify"]
+    timing = pd.DataFrame([{"pair": "p", "engine": "llama_cpp", "model": model, "prompt_id": "a", "context_len": 50,
+                            "pass_len": m, "median_s": s} for model, m, s in
+                           [("target", 1, t_t), ("target", 3, t_v3), ("draft", 1, t_d)]])
+    costs = EngineCosts.from_timings(t_t, t_d, {1.0: t_t, 3.0: t_v3})
+    requests = []
+    for drafter, drafted, accepted in [("model", 40, 30), ("model", 60, 20), ("model", 20, 18), ("model", 90, 35),
+                                       ("ngram-simple", 6, 3), ("ngram-simple", 12, 10), ("ngram-simple", 30, 8)]:
+        c = Counters(48.0, float(drafted), float(accepted))
+        timed = predict(costs if drafter == "model" else costs.without_draft(), c).speculative_s
+        extra = 0.001 * c.passes + 0.0005 * drafted if drafter == "model" else 0.0002 * c.passes
+        requests.append({"pair": "p", "engine": "llama_cpp", "prompt_id": "a", "kind": "code", "drafter": drafter,
+                         "k": 0, "k_policy": "fixed", "new_tokens": 48, "proposed": drafted, "accepted": accepted,
+                         "prefill_s": 0.07, "total_s": timed + extra})
+    p = compute(hand_made(), timing, BOOT, pd.DataFrame(requests))["predictions"].set_index(["engine", "kind", "config"])
+    prompt = PROMPT["llama_cpp"]  # the target's share of the speculative request's prompt time
+    passes, d = 48 - 30, 40 / 18
+    spec = passes * (d * t_d + t_t + d * (t_v3 - t_t) / 2) + 0.001 * passes + 0.0005 * 40 + prompt * (1 + t_d / t_t)
+    assert p.loc[("llama_cpp", "code", "draft model k=2")].predicted == pytest.approx((48 * (t_t + 0.0002) + prompt) / spec)
+    # speclab's loop is priced as before: no calibration of its own
+    assert p.loc[("speclab", "code", "draft model k=2")].predicted == pytest.approx(
+        spec_time(48, 30, 20, 0.010, 0.002, 0.012, 0.10))
 
 
 def test_pass_lengths_a_speed_job_did_not_time_come_from_the_timing_stage():
