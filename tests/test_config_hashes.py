@@ -62,4 +62,4 @@ def test_the_check_sees_a_changed_job(override):
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
-    GOLDEN.write_text(json.dumps(hashes(), indent=1) + "\n")
+    GOLDEN.write_text(json.dumps(hashes(), indent=1, sort_keys=True) + "\n")
