@@ -3,6 +3,8 @@ that differ in k, and a check that their metric rows carry the same names side b
 
     python -m benchmarks.mlflow_ui_check                     # logs a small 2-job k sweep (tiny models) first
     python -m benchmarks.mlflow_ui_check --uri sqlite:///mlflow.db --no-sweep   # the runs you already have
+    python -m benchmarks.mlflow_ui_check --uri sqlite:///mlflow.db --runs ID,ID  # these runs (e.g. two arm runs
+                                                                                 # of a llama.cpp speed job)
 
 Needs Chromium (Debian: apt-get install chromium). Writes outputs/ui_check/compare_runs.png,
 compare_arms.png and the rendered DOM; exits 1 if a metric is missing from the compare view.
@@ -83,6 +85,13 @@ def _pick(uri: str) -> tuple[str, list[str], list[str]]:
     return exp.experiment_id, picked, arms
 
 
+def _given(uri: str, ids: list[str]) -> tuple[str, list[str], list[str]]:
+    """The experiment of the given runs; they are compared as arm runs (their metric names: METRICS["compare_arms"])."""
+    import mlflow
+
+    return mlflow.MlflowClient(uri).get_run(ids[0]).info.experiment_id, [], ids
+
+
 def _shot(chromium: str, url: str, png: Path, width: int = 1400, height: int = 4000) -> str:
     common = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
               f"--window-size={width},{height}", "--virtual-time-budget=20000"]
@@ -95,6 +104,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--uri", default=None, help="tracking store (default: a new temporary sqlite store)")
     ap.add_argument("--no-sweep", action="store_true", help="use the runs already in --uri")
+    ap.add_argument("--runs", default="", help="comma-separated run ids to compare (implies --no-sweep)")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "ui_check"))
     args = ap.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -102,9 +112,9 @@ def main() -> None:
         raise SystemExit("mlflow_ui_check: Chromium not found: apt-get install chromium")
     tmp = Path(tempfile.mkdtemp(prefix="speclab-ui-"))
     uri = args.uri or f"sqlite:///{tmp}/mlflow.db"
-    if not args.no_sweep:
+    if not (args.no_sweep or args.runs):
         _sweep(uri, tmp)
-    exp, jobs, arms = _pick(uri)
+    exp, jobs, arms = _given(uri, args.runs.split(",")) if args.runs else _pick(uri)
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host",
                                "127.0.0.1", "--port", str(port), "--workers", "1"],
@@ -121,6 +131,8 @@ def main() -> None:
             except OSError:
                 time.sleep(1)
         for name, ids in (("compare_runs", jobs), ("compare_arms", arms)):
+            if not ids:
+                continue
             url = (f"http://127.0.0.1:{port}/#/compare-runs?runs={quote(json.dumps(ids))}"
                    f"&experiments={quote(json.dumps([exp]))}")
             dom = _shot(chromium, url, out / f"{name}.png")

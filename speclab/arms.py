@@ -127,6 +127,8 @@ class Arm:
         # library's schedule): naming it "k4" would file it beside fixed k = 4 in MLflow's compare view.
         k = self.k or 0
         ks = [f"k{k}"] if self.k_policy == "fixed" else [f"from-k{k}"] if self.k_policy == "heuristic" else []
+        if self.engine != "speclab":  # another engine's k is the most it drafts, beside any of its settings
+            ks = [f"k{k}"] if k else []
         return " ".join([self.method, *ks, *([self.k_policy] if self.k_policy != "fixed" else []),
                          *([self.drafter] if self.drafter not in ("model", NONE) else []), kind])
 

@@ -75,6 +75,14 @@ def test_run_names_give_k_only_where_the_arm_runs_it():
         "recommended cost_model prompt_lookup prose"
     assert Arm("hf_default", None, "library_default", "model").run_name("all") == "hf_default library_default all"
     assert Arm("speculative", 3, "fixed", "tree:static:2-1-1").run_name("all") == "speculative tree:static:2-1-1 all"
+    # llama.cpp's k is the most it drafts: the same settings at two k are two runs, named apart
+    names = {Arm("speculative", k, policy, drafter, "llama_cpp").run_name("all")
+             for k, policy, drafter in [(4, "p_min=0.75", "model"), (8, "p_min=0.75", "model"),
+                                        (4, "size_n=3", "ngram-simple"), (8, "size_n=3", "ngram-simple")]}
+    assert names == {"speculative k4 p_min=0.75 all", "speculative k8 p_min=0.75 all",
+                     "speculative k4 size_n=3 ngram-simple all", "speculative k8 size_n=3 ngram-simple all"}
+    assert Arm("speculative", None, "library_default", "model", "llama_cpp").run_name("all") == \
+        "speculative library_default all"
 
 
 # ---- the flags that came before ----------------------------------------------------------------------------

@@ -219,12 +219,19 @@ def engine_summarize(df: pd.DataFrame) -> StageOutput:
         summary.append(f"{first.engine} {label}: alpha {pooled['alpha']:.3f} (accepted/drafted, "
                        f"{int(conf.accepted.sum())}/{int(conf.proposed.sum())}); {pooled['drafted_per_pass']:.2f} "
                        f"drafted and {pooled['tokens_per_pass']:.2f} tokens per target pass, {len(conf)} requests")
-        for kind, sub in conf.groupby("kind", sort=False):
-            per_prompt = ", ".join(f"{pid} {proposal_efficiency(s):.2f}" for pid, s in sub.groupby("prompt_id", sort=False))
-            summary.append(f"  {kind:10s} alpha {proposal_efficiency(sub):.3f} (per prompt: {per_prompt})")
+        summary += kind_lines(conf, proposal_efficiency)
     metrics = {"alpha_all_k": proposal_efficiency(df), "iterations": int(df.draft_calls.sum()), "requests": len(df),
                **single_arm_metrics([a for a in arms if a.params["kind"] == "all"] or arms)}
     return StageOutput(df, metrics, summary, arms)
+
+
+def kind_lines(rows: pd.DataFrame, rate) -> list[str]:
+    """One summary line per kind: ``rate`` of its rows and of each of its prompts."""
+    lines = []
+    for kind, sub in rows.groupby("kind", sort=False):
+        per_prompt = ", ".join(f"{pid} {rate(s):.2f}" for pid, s in sub.groupby("prompt_id", sort=False))
+        lines.append(f"  {kind:10s} alpha {rate(sub):.3f} (per prompt: {per_prompt})")
+    return lines
 
 
 def passes_rate(df: pd.DataFrame, column: str) -> float:
@@ -258,9 +265,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
         summary.append(f"k={k}{what}: pooled alpha {pooled['alpha']:.3f} (accepted/checked; accepted/proposed "
                        f"{pooled['proposal_efficiency']:.3f}); tokens per target pass {pooled['tokens_per_pass']:.2f} "
                        f"measured, {pooled['tokens_per_pass_formula']:.2f} from the formula")
-        for kind, sub in at_k.groupby("kind", sort=False):
-            per_prompt = ", ".join(f"{pid} {alpha(s):.2f}" for pid, s in sub.groupby("prompt_id", sort=False))
-            summary.append(f"  {kind:10s} alpha {alpha(sub):.3f} (per prompt: {per_prompt})")
+        summary += kind_lines(at_k, alpha)
         pos = position_acceptance(at_k, int(k))
         summary.append("  by draft position (conditional / cumulative; the bonus token is not a position): "
                        + ", ".join(f"{r.position}: {r.conditional:.2f}/{r.cumulative:.2f}" for r in pos.itertuples()))

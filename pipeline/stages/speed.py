@@ -136,7 +136,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     arms = []
     for (method, k, policy, drafter), sub in df[df.arm != "plain"].groupby(["arm", "k", "k_policy", "drafter"],
                                                                            sort=False):
-        arm = Arm(method, int(k) or None, policy, drafter)
+        arm = Arm(method, int(k) or None, policy, drafter, str(sub.engine.iloc[0]) if "engine" in sub else "speclab")
         for kind, s in by_kind(sub):
             arms.append(ArmResult(
                 arm.run_name(kind),
