@@ -181,6 +181,7 @@ class Tracker:
     _experiment_id: str | None = None
     _open: set[str] = field(default_factory=set)  # ids of the runs this process opened and has not ended
     _repaired: bool = False  # the RUNNING runs of dead processes were closed (once per tracker)
+    _creating: bool = False  # a run is being created (an interrupt there leaves one whose id this process lacks)
 
     def __getstate__(self) -> dict:
         # The client holds the URI with its credentials (pipeline/secrets.py): a launcher that pickles this tracker
@@ -247,14 +248,22 @@ class Tracker:
         return len(dead)
 
     def end_runs_of_this_process(self, status: str) -> int:
-        """End every run this process opened and left RUNNING, one whose creation an interrupt cut short
-        (in the store, its id never returned) included: matched by this process's host, pid and start time."""
+        """End every run this process opened and left RUNNING, one whose creation an interrupt cut short (in the
+        store, its id never returned: found by this process's host, pid and start time) included. Best effort and
+        quiet: it runs on the way out of an interrupt, when the store may be busy with the other workers' ends."""
+        for run_id in list(self._open):
+            self.end(run_id, status)
+        if not self._creating or self._client is None or not self.enabled:
+            return 0
+        self._creating = False
         me = process_tags()
-        mine = {run.info.run_id for run in self._search({}, "RUNNING")
-                if all(run.data.tags.get(key) == value for key, value in me.items())}
-        for run_id in mine | self._open:
-            self._call(lambda c, rid=run_id: c.set_terminated(rid, status))
-        self._open.clear()
+        try:
+            runs = self._client.search_runs([self._experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
+            mine = [r.info.run_id for r in runs if all(r.data.tags.get(k) == v for k, v in me.items())]
+            for run_id in mine:
+                self._client.set_terminated(run_id, status)
+        except Exception:  # noqa: BLE001 - the next start closes what is left (close_dead_runs)
+            return 0
         return len(mine)
 
     def supersede(self, identity: dict[str, str], run_id: str | None) -> int:
@@ -284,7 +293,9 @@ class Tracker:
                 c.log_batch(run.info.run_id, params=items[i:i + 100])
             return run.info.run_id
 
+        self._creating = True  # stays True when an interrupt lands before the id comes back
         run_id = self._call(create)
+        self._creating = False
         if run_id:
             self._open.add(run_id)
         return run_id
