@@ -11,8 +11,8 @@ prints, and is the description of the `analysis-<campaign>` MLflow run (analysis
 ``render`` on the tables this script wrote.
 
 Definitions (the report's, everywhere): a run's speed-up is its tokens/s over the adjacent plain run's
-(``ratio_to_adjacent_plain``); a configuration's speed-up is the median over its runs, with a 95% percentile
-bootstrap interval (params.yaml: bootstrap); jobs whose step times drifted by more than drift.max_ratio are left
+(``ratio_to_adjacent_plain``); a configuration's speed-up is the median over its runs, with a 95% distribution-free
+interval (order statistics, speclab.stats.median_ci; none from fewer than 6 runs); jobs whose step times drifted by more than drift.max_ratio are left
 out, as in every section. The best configuration is the highest median over every drafter, k, k policy and tree
 shape measured greedy in the campaign by one engine (a campaign of several engines names each pair with its
 engine, ``smollm2 · llama.cpp``, and that engine's configurations by its own settings); best - runner-up is the
@@ -36,6 +36,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
 from speclab.arms import ENGINE_NAMES, Arm
+from speclab.stats import median_ci, runs_needed
 from store import layout
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
@@ -94,25 +95,26 @@ def candidates(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
 
 def difference_ci(a: np.ndarray, b: np.ndarray, samples: int = 2000, seed: int = 0,
                   level: float = 0.95) -> tuple[float, float, float]:
-    """median(a) - median(b) and its percentile bootstrap interval, ``a`` and ``b`` resampled independently
-    (numpy, seeded: the same runs give the same interval). NaN interval when either has fewer than two runs."""
+    """median(a) - median(b) and a distribution-free interval for it: each median's interval at
+    1 - (1 - level) / 2 (``speclab.stats.median_ci``), combined as [lo_a - hi_b, hi_a - lo_b], which covers the
+    difference whenever both cover their medians, so at least ``level`` (the union bound). NaN interval where either
+    arm has fewer runs than that needs (``runs_needed``). ``samples`` and ``seed`` are not used."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     diff = float(np.median(a) - np.median(b))
-    if len(a) < 2 or len(b) < 2:
-        return diff, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    da = np.median(a[rng.integers(0, len(a), (samples, len(a)))], axis=1)
-    db = np.median(b[rng.integers(0, len(b), (samples, len(b)))], axis=1)
-    tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(da - db, [tail, 100 - tail])
-    return diff, float(lo), float(hi)
+    each = 1 - (1 - level) / 2
+    (lo_a, hi_a), (lo_b, hi_b) = median_ci(a, each), median_ci(b, each)
+    return diff, float(lo_a - hi_b), float(hi_a - lo_b)
 
 
-def verdict(speedup: float, lo: float, hi: float) -> str:
-    """``speculate`` (interval above 1), ``use plain`` (the best is below 1), else ``unclear`` (a tie with plain)."""
+def verdict(speedup: float, lo: float, hi: float, runs: int | None = None, level: float = 0.95) -> str:
+    """``speculate`` (interval above 1), ``use plain`` (the best is below 1), else ``unclear`` (a tie with plain);
+    no verdict without an interval: ``too few runs (n of N)``, N the fewest runs an interval at ``level`` needs."""
+    if lo != lo:
+        have = "" if runs is None else f"{int(runs)} of "
+        return f"too few runs ({have}{runs_needed(level)})"
     if speedup < 1:
         return "use plain"
-    if lo == lo and lo > 1:
+    if lo > 1:
         return "speculate"
     return "unclear"
 
@@ -128,7 +130,8 @@ def best_table(runs: pd.DataFrame, cands: pd.DataFrame, boot: dict) -> pd.DataFr
         row = {"campaign": campaign, "pair": pair, "kind": kind, "best": best.config, "speedup": best.speedup,
                "speedup_lo": best.speedup_lo, "speedup_hi": best.speedup_hi, "runs": int(best.runs),
                "runner_up": None, "runner_up_speedup": np.nan, "difference": np.nan, "difference_lo": np.nan,
-               "difference_hi": np.nan, "verdict": verdict(best.speedup, best.speedup_lo, best.speedup_hi)}
+               "difference_hi": np.nan, "verdict": verdict(best.speedup, best.speedup_lo, best.speedup_hi, best.runs,
+                                                       float(boot.get("level", 0.95)))}
         if len(g) > 1:
             second = g.iloc[1]
             sel = (runs.campaign == campaign) & (runs.pair == pair) & (runs.kind == kind) & \
@@ -298,9 +301,11 @@ def render(ans: Answer, heading: str = "##") -> list[str]:
                           "verdict": b.verdict})
     s = [f"{heading} The answer: speculate or not, with what, how much faster\n",
          "Fastest configuration per campaign, pair and prompt kind, over every drafter, k, k policy and tree shape "
-         "measured greedy: speed-up = median of its runs' tokens/s over the adjacent plain run's (95% bootstrap "
-         "interval; `runs` = adjacent pairs); best - runner-up: difference of medians (95% bootstrap over runs). "
-         "`speculate`: interval above 1; `unclear`: not told apart from plain; `use plain`: the best loses.\n",
+         "measured greedy: speed-up = median of its runs' tokens/s over the adjacent plain run's (95% distribution-"
+         "free interval, none from fewer than 6 runs; `runs` = adjacent pairs); best - runner-up: difference of "
+         "medians (each median's 97.5% interval combined, none from fewer than 7 runs each). "
+         "`speculate`: interval above 1; `unclear`: not told apart from plain; `use plain`: the best loses; "
+         "`too few runs (n of N)`: no interval, so no verdict, until it has N runs.\n",
          table.to_markdown(index=False, disable_numparse=True), ""]
     if len(ans.not_to_use):
         s += ["**When not to speculate** (measured 95% interval below 1; full list in "

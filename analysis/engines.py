@@ -6,7 +6,7 @@
 
 Per pair, engine and kind (``summary``): plain decoding's tokens/s (median of the plain runs), the best greedy
 configuration (the highest median speed-up over the adjacent plain run, as in analysis.answer; for llama.cpp
-also the llama-server flags a user pastes), its 95% bootstrap interval and its acceptance (accepted / drafted,
+also the llama-server flags a user pastes), its 95% distribution-free interval and its acceptance (accepted / drafted,
 pooled over its runs).
 
 Per configuration (``predictions``): the speed-up each run's own counters predict at its own job's timed costs
@@ -257,7 +257,7 @@ def flags_of(row: pd.Series) -> str:
     return pasted_flags(arm, Path(draft).name if draft.endswith(".gguf") else "DRAFT.gguf")
 
 
-def summary(speed: pd.DataFrame, spec: pd.DataFrame, preds: pd.DataFrame) -> pd.DataFrame:
+def summary(speed: pd.DataFrame, spec: pd.DataFrame, preds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Per pair, engine and kind: plain tokens/s, the best greedy configuration with its interval, acceptance and
     prediction (``preds``' row of it), its flags and the verdict (analysis.answer's)."""
     plain = speed[(speed.arm == "plain") & ~speed.do_sample]
@@ -272,7 +272,7 @@ def summary(speed: pd.DataFrame, spec: pd.DataFrame, preds: pd.DataFrame) -> pd.
                     "best": best.config, "pasted_flags": flags_of(example), "speedup": best.measured,
                     "speedup_lo": best.measured_lo, "speedup_hi": best.measured_hi, "runs": int(best.runs),
                     "alpha": best.alpha, "predicted": best.predicted,
-                    "verdict": verdict(best.measured, best.measured_lo, best.measured_hi)})
+                    "verdict": verdict(best.measured, best.measured_lo, best.measured_hi, best.runs, level)})
     return pd.DataFrame(out, columns=SUMMARY)
 
 
@@ -328,7 +328,8 @@ def compute(speed: pd.DataFrame, timing: pd.DataFrame, boot: dict,
     costs = {(pair, engine): costs_of(g, timing_curve(timing, pair, engine))
              for (pair, engine), g in speed.groupby(["pair", "engine"], sort=True)}
     preds = predictions(spec, costs, boot)
-    return {"summary": summary(greedy, spec, preds), "predictions": preds, "transfer": transfer(spec, plain, costs, boot, timing, acceptance)}
+    return {"summary": summary(greedy, spec, preds, float(boot.get("level", 0.95))), "predictions": preds,
+            "transfer": transfer(spec, plain, costs, boot, timing, acceptance)}
 
 
 # ---------------------------------------------------------------------------------------------- rendering
@@ -338,6 +339,11 @@ def _x(v: float) -> str:
 
 def _ci(lo: float, hi: float) -> str:
     return "" if lo != lo else f"{lo:.2f}-{hi:.2f}"
+
+
+def _with_interval(lo: float, hi: float, verdict: str) -> str:
+    """``1.02-1.16, speculate``; the verdict alone where there is no interval (``too few runs (4 of 6)``)."""
+    return f"{_ci(lo, hi)}, {verdict}" if lo == lo else verdict
 
 
 def not_measured(campaign: str) -> str:
@@ -368,7 +374,8 @@ def _common_arm(preds: pd.DataFrame, pair: str, engine: str) -> str:
     if row.empty:
         return ""
     r = row.iloc[0]
-    return f"; {COMMON_ARM} over all kinds x{_x(r.measured)} ({_ci(r.measured_lo, r.measured_hi)})"
+    interval = f" ({_ci(r.measured_lo, r.measured_hi)})" if r.measured_lo == r.measured_lo else f" (n={int(r.runs)})"
+    return f"; {COMMON_ARM} over all kinds x{_x(r.measured)}{interval}"
 
 
 def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> str:
@@ -379,14 +386,14 @@ def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> s
         return "\n".join(s + [not_measured(campaign), ""])
     sm = sm.sort_values(["pair", "engine", "kind"], kind="mergesort")
     s.append("Per pair, each engine's plain tokens/s (median over kinds) and, per prompt kind, its best greedy "
-             "configuration's speed-up over its own adjacent plain run (95% bootstrap interval; the full table: the "
+             "configuration's speed-up over its own adjacent plain run (95% distribution-free interval; the full table: the "
              "section linked below):\n")
     preds = tables.get("predictions", pd.DataFrame())
     for pair, g in sm.groupby("pair", sort=True):
         parts = []
         for engine, e in g.groupby("engine", sort=True):
             kinds = "; ".join(f"{r.kind} {r.best}" + (f" `{r.pasted_flags}`" if r.pasted_flags else "")
-                              + f" x{_x(r.speedup)} ({_ci(r.speedup_lo, r.speedup_hi)}, {r.verdict})"
+                              + f" x{_x(r.speedup)} ({_with_interval(r.speedup_lo, r.speedup_hi, r.verdict)})"
                               for r in e.itertuples())
             parts.append(f"**{engine_name(engine)}** {e.plain_tokens_per_s.median():.1f} tok/s: {kinds}"
                          + _common_arm(preds, pair, engine))
@@ -404,7 +411,7 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str) -> str:
     sm, preds, tr = tables["summary"], tables["predictions"], tables["transfer"]
     if sm.empty:
         return "\n".join(s + [not_measured(campaign), ""])
-    s += ["Speed-up: median over runs of tokens/s over the adjacent plain run of the same engine (95% bootstrap "
+    s += ["Speed-up: median over runs of tokens/s over the adjacent plain run of the same engine (95% distribution-free "
           "interval); alpha = accepted / drafted, pooled over runs. Predicted (speclab.engine_time): each run's own "
           "counters at its job's timed costs, passes = n - accepted, each a target pass over drafted-per-pass + 1 "
           "tokens plus drafted-per-pass draft steps (none for n-gram types), against n target steps; median over "

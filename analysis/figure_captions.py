@@ -13,15 +13,15 @@ CAPTIONS = {
                       "property of text and pair, not of k.",
     "tokens_per_pass.png": "Tokens per target pass, measured (solid) against the i.i.d. formula (dashed); a measured "
                            "line below the dashed one means acceptances cluster (not independent).",
-    "speedup_predicted_vs_measured.png": "Measured speed-up (median over adjacent-run ratios, 95% bootstrap "
-                                         "interval) against both predictors, per kind and k; 1.0 = plain decoding.",
+    "speedup_predicted_vs_measured.png": "Measured speed-up (median over adjacent-run ratios, 95% distribution-"
+                                         "free interval) against both predictors, per kind and k; 1.0 = plain decoding.",
     "strategies.png": "Per kind (fastest first): the draft model's best fixed k, the two adaptive k policies and "
-                      "prompt lookup's best fixed k, median speed-up with 95% bootstrap interval; overlapping "
+                      "prompt lookup's best fixed k, median speed-up with 95% distribution-free interval; overlapping "
                       "intervals are a tie (the best fixed k is picked after the fact, so it is optimistic).",
     "sampled_alpha.png": "Acceptance rate per kind under greedy and sampled decoding, over the k measured in every "
                          "setting; sampling lowers alpha because the draft must match a distribution, not an arg-max.",
-    "time_model_speedup.png": "Held-out prompts: measured speed-up (median of adjacent-run ratios, 95% bootstrap "
-                              "interval) against the time model (replaying each prompt's own acceptance run, with "
+    "time_model_speedup.png": "Held-out prompts: measured speed-up (median of adjacent-run ratios, 95% distribution-"
+                              "free interval) against the time model (replaying each prompt's own acceptance run, with "
                               "the interval over prompts; and replaying the calibration prompts of the same kind) "
                               "and the i.i.d. formula, per kind and k.",
     "time_model_decomposition.png": "Milliseconds per generated token by part: predicted by the time model (left, "
@@ -36,7 +36,7 @@ CAPTIONS = {
                            "step at that B, i.e. c_verify(B, k = n - 1); a flat line at 1 means checking k proposals "
                            "costs no more than one step.",
     "batch_speedup.png": "Measured speed-up of batched speculative over batched plain decoding (tokens/s summed over "
-                         "rows, median of adjacent-run ratios with 95% bootstrap intervals) against the chapter's "
+                         "rows, median of adjacent-run ratios with 95% distribution-free intervals) against the chapter's "
                          "formula at that B (dashed) and the time model at that B (dotted).",
     "tree_pass_curve.png": "The target's pass over 1 + n tree nodes in one-token steps, against a causal (chain) "
                            "pass over as many tokens.",

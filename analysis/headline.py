@@ -4,7 +4,7 @@
 
 headline.json holds, per pair (keys stay the same from commit to commit so `dvc metrics diff` lines up):
 - ``best_k.<kind>`` and ``speedup_at_best_k.<kind>``: the fixed k with the highest measured speed-up
-  (median of adjacent-run ratios, greedy, draft model) and that speed-up (its bootstrap interval is in
+  (median of adjacent-run ratios, greedy, draft model) and that speed-up (its interval is in
   outputs/analysis/speed_points.parquet and the plots);
 - ``alpha_at_k<K>.<kind>``: accepted / checked proposals at k = K (params.yaml: headline.alpha_k);
 - ``mae_iid.<kind>`` and ``mae_empirical_overhead.<kind>``: mean absolute error of each predictor

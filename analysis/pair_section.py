@@ -336,7 +336,7 @@ def markdown(sec: PairSection, data: CampaignData) -> str:
     else:
         drifted = f"; {sec.drift_excluded} drifted speed job(s) left out" if sec.drift_excluded else ""
         s += [f"Measured: median speed-up over the adjacent plain run at the k with the highest median, 95% "
-              f"bootstrap interval (`measured_lo`-`measured_hi`){drifted}. "
+              f"distribution-free interval (`measured_lo`-`measured_hi`){drifted}. "
               "`predicted_iid`: the i.i.d. formula at alpha with the speed jobs' own step times; "
               "`predicted_empirical`: measured tokens per pass plus per-iteration overhead (analysis.fit).\n",
               markdown_table(sec.best), ""]

@@ -100,7 +100,7 @@ def pair_campaign(params: dict) -> dict | None:
     if not best.empty:
         found["table"] = markdown_table(best)
         found["intro"] = ("The draft model's best k per pair and kind: measured speed-up over the adjacent plain run "
-                          "(95% bootstrap interval) against the i.i.d. formula (`predicted_iid`) and measured tokens "
+                          "(95% distribution-free interval) against the i.i.d. formula (`predicted_iid`) and measured tokens "
                           "per pass plus per-iteration overhead (`predicted_empirical`), both with the speed jobs' own "
                           "step times:")
     return found
@@ -131,7 +131,7 @@ def trees(params: dict) -> dict | None:
             found["table"] = markdown_table(best[["pair", "kind", "tree", "tree_speedup", "chain", "chain_speedup",
                                                   "tree_over_chain", "interval", "blocks"]], ".2f")
             found["intro"] = ("The best tree against the best chain per pair and kind, run in the same blocks "
-                              "(`tree_over_chain`: median of within-block ratios, 95% bootstrap interval):")
+                              "(`tree_over_chain`: median of within-block ratios, 95% distribution-free interval):")
     return found
 
 

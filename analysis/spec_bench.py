@@ -6,7 +6,7 @@
 
 Spec-Bench (Xia et al., Findings of ACL 2024) reports a method's speed-up as the mean over questions of its
 tokens/s over the mean of the baseline's, from runs taken at different times. speclab's is the median of
-within-block ratios (each run over the plain run of the same prompt, adjacent in time), with a 95% bootstrap
+within-block ratios (each run over the plain run of the same prompt, adjacent in time), with a 95% distribution-free
 interval. Both are given per category, with mean accepted tokens per target pass, alpha and the share of runs
 whose output equals plain greedy. Rows are speed-stage runs on Spec-Bench's categories (any kind that is one:
 ``SPEC_BENCH_KINDS``); drifted jobs are left out as everywhere else. Where the campaign has a plan, the
@@ -118,7 +118,7 @@ def markdown(campaign: str, table: pd.DataFrame, check: pd.DataFrame, plans: pd.
                  "(`python -m pipeline.run stage=speed prompts=spec_bench campaign=...`).\n")
         return "\n".join(s)
     s.append("Speed-up by Spec-Bench's definition (mean tokens/s of the arm over mean tokens/s of plain decoding) and "
-             "by speclab's (median of within-block ratios to the adjacent plain run, 95% bootstrap interval); "
+             "by speclab's (median of within-block ratios to the adjacent plain run, 95% distribution-free interval); "
              "tokens per target pass = mean accepted tokens per pass; identical = share of runs equal to plain "
              "greedy. The best five arms per category by speclab's speed-up, and plain:\n")
     for pair, g in table.groupby("pair", sort=True):

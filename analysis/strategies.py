@@ -78,7 +78,7 @@ def sampled_alpha(acc: pd.DataFrame) -> pd.DataFrame:
 
 def strategy_comparison(speed: pd.DataFrame, boot: dict) -> pd.DataFrame:
     """Greedy, per pair and kind: the draft model's best fixed k, each adaptive k policy (draft model) and
-    prompt lookup's best fixed k, as the median adjacent-run speed-up with a bootstrap interval.
+    prompt lookup's best fixed k, as the median adjacent-run speed-up with its distribution-free interval.
 
     "Best fixed k" is the fixed k with the highest median (as in adaptive_vs_fixed); choosing the best
     of several makes its median optimistic, so an adaptive policy within its interval is as good.
@@ -137,7 +137,7 @@ def strategy_figure(comparison: pd.DataFrame):
         ax.set_title(f"{pair}: {kind}" if several_pairs else kind, fontsize=10, loc="left")
     axes[-1, 0].set_xlim(min(0.95, float(comparison.speedup_lo.min()) - 0.05),
                          float(comparison.speedup_hi.max()) * 1.08)  # room for the labels right of the bars
-    axes[-1, 0].set_xlabel("speed-up over the adjacent plain run (median of run ratios, 95% bootstrap interval; "
+    axes[-1, 0].set_xlabel("speed-up over the adjacent plain run (median of run ratios, 95% distribution-free interval; "
                            "dashed: 1.0 = no gain)", fontsize=8)
     fig.supylabel("strategy (fastest on top)", fontsize=9)
     handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=name) for name, c in STRATEGIES.items()

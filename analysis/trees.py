@@ -7,7 +7,7 @@ Speed rows (``+sweep=trees``): plain, chains and trees in the same rotated block
 kinds) and configuration: runs, mean tree nodes (a chain's k), the mean width of the target's pass (new
 tokens: pending + proposals), accepted tokens per target pass, the acceptance at each depth (proposals
 accepted at depth d over those checked there, pooled over runs), the speed-up (median of within-block
-ratios to the adjacent plain run, 95% bootstrap interval) and the speed-up predicted by pricing each run's
+ratios to the adjacent plain run, 95% distribution-free interval) and the speed-up predicted by pricing each run's
 own passes at the timed costs (``speclab.tree_time``). Then, per pair and kind, the best tree against the
 best chain, and each tree against the chain whose pass is as wide (k = nodes), with the median of their
 within-block ratios and its interval. The timing rows give the target's pass over 1 + n tree nodes (its 4D
@@ -227,7 +227,7 @@ def markdown(campaign: str, arms: pd.DataFrame, comp: pd.DataFrame, curve: pd.Da
                  "(`python -m pipeline.run +sweep=trees`).\n")
         return "\n".join(s)
     s.append("Trees and chains ran in the same rotated blocks as plain decoding (`+sweep=trees`). tree/chain = median "
-             "of within-block ratios of the two configurations' tokens/s (95% bootstrap interval); 'same width' "
+             "of within-block ratios of the two configurations' tokens/s (95% distribution-free interval); 'same width' "
              "sets a tree beside the draft-model chain whose pass is as wide (k = nodes).\n")
     s += verdicts(comp, arms, curve) + [""]
     best = comp[comp.compared == "best"].assign(interval=lambda d: interval(d.lo, d.hi))

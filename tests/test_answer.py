@@ -26,17 +26,22 @@ def runs(campaign: str, pair: str, kind: str, config: str, ratios, sampling: str
                          "ratio_to_adjacent_plain": np.asarray(ratios, dtype=float)})
 
 
+K4 = [1.50, 1.62, 1.41, 1.55, 1.58, 1.52, 1.60]
+K2 = [1.20, 1.31, 1.25, 1.10, 1.22, 1.18, 1.27]
+
+
 @pytest.fixture
 def hand_made() -> pd.DataFrame:
     return pd.concat([
-        runs("c", "p", "code", "draft model k=4", [1.50, 1.62, 1.41, 1.55, 1.58]),
-        runs("c", "p", "code", "draft model k=2", [1.20, 1.31, 1.25, 1.10, 1.22]),
-        runs("c", "p", "code", "prompt lookup k=4", [0.80, 0.85, 0.90, 0.82]),
+        runs("c", "p", "code", "draft model k=4", K4),
+        runs("c", "p", "code", "draft model k=2", K2),
+        runs("c", "p", "code", "prompt lookup k=4", [0.80, 0.85, 0.90, 0.82, 0.84, 0.88]),
         runs("c", "p", "code", "tree static:2-1-1", [3.0]),           # one run: highest, but no interval
         runs("c", "p", "code", "draft model k=4", [2.5, 2.6, 2.7], sampling="T=1"),   # sampled: never the best
-        runs("c", "p", "prose", "draft model k=4", [0.95, 0.97, 0.90, 0.99]),
+        runs("c", "p", "prose", "draft model k=4", [0.95, 0.97, 0.90, 0.99, 0.93, 0.96]),
         runs("c", "p", "prose", "draft model k=2", [0.70, 0.75, 0.72]),
-        runs("c", "p", "prose", "draft model k=2", [0.60, 0.62, 0.61], sampling="T=0.7"),
+        runs("c", "p", "prose", "draft model k=2", [0.60, 0.62, 0.61, 0.63, 0.59, 0.64], sampling="T=0.7"),
+        runs("c", "p", "structured", "draft model k=4", [1.4, 1.5, 1.3, 1.6]),  # four runs: too few for 95%
     ], ignore_index=True)
 
 
@@ -44,21 +49,23 @@ def test_best_runner_up_difference_and_verdict_on_hand_made_runs(hand_made):
     cands = candidates(hand_made, BOOT)
     best = best_table(hand_made, cands, BOOT).set_index("kind")
     code, prose = best.loc["code"], best.loc["prose"]
-    # the one-run tree has the highest median: it is the best, with no interval, and the verdict is not "speculate"
+    # the one-run tree has the highest median: it is the best, with no interval and no verdict (1 of 6 runs)
     assert code.best == "tree static:2-1-1" and code.speedup == 3.0 and code.runs == 1
-    assert np.isnan(code.speedup_lo) and code.verdict == "unclear"
+    assert np.isnan(code.speedup_lo) and code.verdict == "too few runs (1 of 6)"
     assert code.runner_up == "draft model k=4" and code.runner_up_speedup == pytest.approx(1.55)
     assert np.isnan(code.difference_lo)  # no interval from one run
     assert code.difference == pytest.approx(3.0 - 1.55)
-    # without the tree: the draft model k=4 wins, with an interval from its five runs and the runner-up k=2
+    # four runs: a median but no 95% interval, and no verdict however far above 1 they all are
+    assert best.loc["structured"].verdict == "too few runs (4 of 6)" and np.isnan(best.loc["structured"].speedup_hi)
+    # without the tree: the draft model k=4 wins, with an interval from its seven runs and the runner-up k=2
     no_tree = hand_made[hand_made.config != "tree static:2-1-1"]
     b = best_table(no_tree, candidates(no_tree, BOOT), BOOT).set_index("kind").loc["code"]
-    a4 = [1.50, 1.62, 1.41, 1.55, 1.58]
-    assert b.best == "draft model k=4" and b.runs == 5 and b.speedup == pytest.approx(1.55)
-    assert (b.speedup_lo, b.speedup_hi) == pytest.approx(bootstrap_ci(np.array(a4), np.median, **BOOT))
+    assert b.best == "draft model k=4" and b.runs == 7 and b.speedup == pytest.approx(1.55)
+    assert (b.speedup_lo, b.speedup_hi) == (1.41, 1.62)  # seven runs at 95%: the smallest and the largest
     assert b.runner_up == "draft model k=2" and b.runner_up_speedup == pytest.approx(1.22)
     assert b.difference == pytest.approx(1.55 - 1.22)
-    assert 0 < b.difference_lo <= b.difference <= b.difference_hi  # every resample of k=4 beats every one of k=2
+    # each median's 97.5% interval is its runs' range (seven runs): k=4's lowest minus k=2's highest, and back
+    assert (b.difference_lo, b.difference_hi) == pytest.approx((1.41 - 1.31, 1.62 - 1.10))
     assert b.verdict == "speculate"
     # prose: the best is below 1 -> use plain, and the losers are listed
     assert prose.verdict == "use plain" and prose.best == "draft model k=4"
@@ -70,10 +77,12 @@ def test_best_runner_up_difference_and_verdict_on_hand_made_runs(hand_made):
 
 
 def test_difference_interval_by_hand():
-    assert difference_ci([2.0, 2.0, 2.0], [1.0, 1.0], 200, 0, 0.95) == (1.0, 1.0, 1.0)
+    # seven runs each: each median's 97.5% interval is the range of its runs
+    d, lo, hi = difference_ci([2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6], [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], 200, 0, 0.95)
+    assert (d, lo, hi) == pytest.approx((1.0, 2.0 - 1.6, 2.6 - 1.0))
+    # fewer runs than a 97.5% interval needs: the difference, no interval
     d, lo, hi = difference_ci([1.0, 3.0], [1.0, 1.0], 2000, 0, 0.95)
-    # medians of two resampled values: 1, 2 or 3 (each resample of b is 1): the 2.5% and 97.5% points are 0 and 2
-    assert d == 1.0 and (lo, hi) == (0.0, 2.0)
+    assert d == 1.0 and np.isnan(lo) and np.isnan(hi)
     # order: best minus runner-up, not the reverse
     assert difference_ci([1.0, 1.1, 1.2], [2.0, 2.1, 2.2], 200, 0, 0.95)[0] == pytest.approx(-1.0)
 

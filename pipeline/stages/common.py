@@ -131,9 +131,9 @@ def grouped_metrics(metrics: dict[str, float], part: str) -> dict[str, float]:
             **{f"{DETAIL_PREFIX}{k}": v for k, v in metrics.items() if k not in HEADLINE_METRICS}}
 
 
-INTERVAL_NOTE = ("speedup_lo / speedup_hi: 95% percentile bootstrap interval of the median ratio to the adjacent "
-                 "plain run (speclab.stats.median_interval, 2000 resamples, seed 0), as the analysis computes it; "
-                 "none for an arm with fewer runs than trust.min_runs")
+INTERVAL_NOTE = ("speedup_lo / speedup_hi: 95% distribution-free interval of the median ratio to the adjacent plain "
+                 "run (order statistics, speclab.stats.median_ci), as the analysis computes it; none for an arm with "
+                 "fewer runs than it needs (6 at 95%) or than trust.min_runs")
 
 
 def min_runs(cfg: DictConfig) -> int:

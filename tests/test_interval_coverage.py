@@ -1,0 +1,76 @@
+"""The intervals the report puts on a speed-up hold their level: simulated adjacent-run ratios (seeded) under
+log-normal, drifting and heavy-tailed noise, at every number of runs the report can show."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speclab.stats import median_ci, runs_needed
+
+TRIALS = 2000
+RUNS = (2, 3, 4, 6, 8, 12, 30)
+
+
+def ratios(noise: str, n: int, rng: np.random.Generator, trials: int = TRIALS) -> np.ndarray:
+    """``trials`` x ``n`` ratios to the adjacent plain run whose true median is 1."""
+    if noise == "lognormal":  # a 15% spread
+        log = rng.normal(0, 0.15, (trials, n))
+    elif noise == "heavy":  # Student t, 2 degrees of freedom: now and then a run several times off
+        log = 0.08 * rng.standard_t(2, (trials, n))
+    else:  # drift: the machine slows steadily (30% over the runs) and wanders (random-walk steps of 5% between
+        # two runs); a ratio carries the drift between its arm run and its plain run, whose order a rotated block
+        # alternates
+        order = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
+        gap = 0.3 / (2 * n) + rng.normal(0, 0.05, (trials, n))
+        log = rng.normal(0, 0.1, (trials, n)) + order * gap
+    return np.exp(log)
+
+
+@pytest.mark.parametrize("noise", ["lognormal", "drift", "heavy"])
+@pytest.mark.parametrize("level", [0.95, 0.9])
+def test_the_median_interval_holds_its_level_at_every_number_of_runs(noise, level):
+    rng = np.random.default_rng(7)
+    margin = 3 * np.sqrt(level * (1 - level) / TRIALS)  # simulation error
+    for n in RUNS:
+        x = ratios(noise, n, rng)
+        ci = np.array([median_ci(row, level) for row in x])
+        if n < runs_needed(level):
+            assert np.isnan(ci).all(), f"an interval from {n} runs at level {level}"
+            continue
+        covered = np.mean((ci[:, 0] <= 1) & (1 <= ci[:, 1]))
+        assert covered >= level - margin, f"{noise}, n={n}: coverage {covered:.3f} < {level}"
+
+
+def test_runs_needed_is_the_fewest_runs_whose_widest_interval_reaches_the_level():
+    assert runs_needed(0.95) == 6 and runs_needed(0.9) == 5 and runs_needed(0.75) == 3
+    for level in (0.5, 0.75, 0.9, 0.95, 0.99):
+        n = runs_needed(level)
+        assert 1 - 2 * 0.5 ** n >= level > 1 - 2 * 0.5 ** (n - 1)
+    with pytest.raises(ValueError, match="level 1.5 is not allowed"):
+        runs_needed(1.5)
+
+
+def test_the_interval_is_the_order_statistics_binomial_coverage_picks():
+    x = np.arange(1.0, 31.0)  # 30 runs: j = 10 (coverage 0.957; j = 11: 0.901)
+    assert median_ci(x, 0.95) == (10.0, 21.0)
+    assert median_ci(np.array([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]), 0.95) == (1.0, 6.0)
+    assert median_ci(np.array([1.0, np.nan, 2.0, 3.0, 4.0, 5.0, 6.0]), 0.95) == (1.0, 6.0)
+    assert all(np.isnan(median_ci(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), 0.95)))
+
+
+@pytest.mark.parametrize("noise", ["lognormal", "drift", "heavy"])
+def test_the_difference_interval_holds_its_level(noise):
+    """best - runner-up (analysis.answer.difference_ci): two arms whose medians differ by 0.2."""
+    from analysis.answer import difference_ci
+
+    rng = np.random.default_rng(11)
+    level, trials = 0.95, 1000
+    margin = 3 * np.sqrt(level * (1 - level) / trials)
+    for n in RUNS:
+        a, b = 1.2 * ratios(noise, n, rng, trials), ratios(noise, n, rng, trials)
+        ci = np.array([difference_ci(x, y, level=level)[1:] for x, y in zip(a, b)])
+        if n < runs_needed(1 - (1 - level) / 2):
+            assert np.isnan(ci).all(), f"a difference interval from {n} runs each"
+            continue
+        covered = np.mean((ci[:, 0] <= 0.2) & (0.2 <= ci[:, 1]))
+        assert covered >= level - margin, f"{noise}, n={n}: coverage {covered:.3f} < {level}"
