@@ -217,6 +217,8 @@ def cost_vs_size(row: pd.Series) -> str:
 
 
 def pays(row: pd.Series) -> str:
+    if row.measured_lo != row.measured_lo:
+        return "has too few runs for a verdict"
     if row.measured_lo > 1:
         return "pays"
     if row.measured_hi < 1:
@@ -230,7 +232,8 @@ def verdict_lines(costs: pd.DataFrame, best: pd.DataFrame, plan_check: pd.DataFr
     out = []
     for _, r in best.iterrows():
         out.append(f"- {r.pair}, {r.kind}: the draft {pays(r)} at its best k = {int(r.k)}: "
-                   f"x{r.measured:.3f} ({r.measured_lo:.3f}-{r.measured_hi:.3f}, 95% interval).")
+                   + (f"x{r.measured:.3f} ({r.measured_lo:.3f}-{r.measured_hi:.3f}, 95% interval)."
+                      if r.measured_lo == r.measured_lo else f"x{r.measured:.3f} ({int(r.runs)} runs, no interval)."))
     for _, r in plan_check[plan_check.blocks > 0].iterrows() if not plan_check.empty else ():
         side = ("a tie" if r.ratio_lo <= r.goal <= r.ratio_hi else
                 "above the goal" if r.median_ratio > r.goal else "below the goal")

@@ -124,9 +124,10 @@ def strategy_figure(comparison: pd.DataFrame):
         g = comparison[(comparison.pair == pair) & (comparison.kind == kind)].sort_values("speedup", kind="mergesort")
         y = np.arange(len(g))
         for yi, r in zip(y, g.itertuples()):
-            ax.errorbar(r.speedup, yi, xerr=[[r.speedup - r.speedup_lo], [r.speedup_hi - r.speedup]], fmt="o",
+            lo, hi = (r.speedup_lo, r.speedup_hi) if r.speedup_lo == r.speedup_lo else (r.speedup, r.speedup)  # too few runs: a point
+            ax.errorbar(r.speedup, yi, xerr=[[r.speedup - lo], [hi - r.speedup]], fmt="o",
                         color=STRATEGIES.get(r.strategy, "grey"), capsize=3, ms=7, label=r.strategy)
-            ax.annotate(f"x{r.speedup:.2f}", (r.speedup_hi, yi), xytext=(4, 0), textcoords="offset points",
+            ax.annotate(f"x{r.speedup:.2f}", (hi, yi), xytext=(4, 0), textcoords="offset points",
                         va="center", fontsize=7)
         labels = [f"{r.strategy.split(', ')[0]}, " + (f"fixed k={r.k}" if r.k_policy == "fixed" else
                                                      f"{POLICY_NAMES.get(r.k_policy, r.k_policy)} (mean k {r.mean_k:.1f})")
@@ -135,8 +136,8 @@ def strategy_figure(comparison: pd.DataFrame):
         ax.set_ylim(-0.6, len(g) - 0.4)
         ax.axvline(1.0, color="grey", lw=1, ls="--")
         ax.set_title(f"{pair}: {kind}" if several_pairs else kind, fontsize=10, loc="left")
-    axes[-1, 0].set_xlim(min(0.95, float(comparison.speedup_lo.min()) - 0.05),
-                         float(comparison.speedup_hi.max()) * 1.08)  # room for the labels right of the bars
+    lows, highs = comparison.speedup_lo.fillna(comparison.speedup), comparison.speedup_hi.fillna(comparison.speedup)
+    axes[-1, 0].set_xlim(min(0.95, float(lows.min()) - 0.05), float(highs.max()) * 1.08)  # room for the labels
     axes[-1, 0].set_xlabel("speed-up over the adjacent plain run (median of run ratios, 95% distribution-free interval; "
                            "dashed: 1.0 = no gain)", fontsize=8)
     fig.supylabel("strategy (fastest on top)", fontsize=9)

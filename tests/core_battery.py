@@ -418,7 +418,11 @@ def stats_cases() -> dict:
                                 np.random.default_rng(99).normal(1.0, 0.2, 8)]):
         out[f"median_interval/{i}"] = outcome(lambda: S.median_interval(np.array(values)))
         out[f"median_interval90/{i}"] = outcome(lambda: S.median_interval(np.array(values), 0.9, 500, seed=4))
+        out[f"median_ci99/{i}"] = outcome(lambda: S.median_ci(np.array(values), 0.99))
     out["median_interval_empty"] = outcome(lambda: S.median_interval(np.array([np.nan])))
+    out["runs_needed"] = outcome(lambda: [S.runs_needed(level) for level in (0.5, 0.75, 0.8, 0.9, 0.95, 0.975, 0.99)])
+    out["runs_needed_bad"] = outcome(lambda: S.runs_needed(1.0))
+    out["median_ci_sizes"] = outcome(lambda: [S.median_ci(np.arange(float(n)), 0.95) for n in (5, 6, 7, 8, 9, 17, 18, 30, 31, 60)])
     # Where the resample count moves an end of the interval (the bootstrap medians of small samples tie, so a
     # different count often gives the same ends), and the defaults of the general interval.
     resampled = np.random.default_rng(1).lognormal(0, 0.3, 101)

@@ -159,14 +159,21 @@ def test_figures_are_byte_stable(tmp_path):
     assert paths[0].read_bytes() == paths[1].read_bytes()
 
 
-def test_bootstrap_ci_is_scipy_percentile_and_handles_tiny_samples():
+def test_bootstrap_ci_is_scipy_percentile_for_a_mean_and_order_statistics_for_a_median():
     from scipy import stats
 
+    from speclab.stats import median_ci
+
     x = np.random.default_rng(1).normal(1.0, 0.2, 40)
-    res = stats.bootstrap((x,), np.median, n_resamples=400, method="percentile", rng=np.random.default_rng(7))
-    assert bootstrap_ci(x, np.median, 400, 7) == (res.confidence_interval.low, res.confidence_interval.high)
-    assert bootstrap_ci(np.array([1.5]), np.median) == (1.5, 1.5)
-    assert bootstrap_ci(np.array([2.0, 2.0, np.nan])) == (2.0, 2.0)
+    res = stats.bootstrap((x,), np.mean, n_resamples=400, method="percentile", rng=np.random.default_rng(7))
+    assert bootstrap_ci(x, np.mean, 400, 7) == (res.confidence_interval.low, res.confidence_interval.high)
+    assert bootstrap_ci(np.array([1.5]), np.mean) == (1.5, 1.5)
+    # the median's interval: distribution-free, none from fewer runs than it needs
+    assert bootstrap_ci(x, np.median, 400, 7) == median_ci(x, 0.95)
+    assert bootstrap_ci(x, np.median, 400, 7, level=0.9) == median_ci(x, 0.9)
+    assert all(np.isnan(bootstrap_ci(np.array([1.5]), np.median)))
+    assert all(np.isnan(bootstrap_ci(np.array([2.0, 2.0, np.nan]))))
+    assert bootstrap_ci(np.array([2.0] * 6 + [np.nan])) == (2.0, 2.0)
     assert all(np.isnan(bootstrap_ci(np.array([np.nan]))))
 
 
@@ -195,7 +202,7 @@ def test_strategy_comparison_picks_best_fixed_k_and_keeps_adaptive_policies():
         for policy, r in (("cost_model", 1.3), ("heuristic", 0.9)):
             rows += [{"pair": "p", "kind": kind, "arm": "speculative", "do_sample": False, "drafter": "model",
                       "k_policy": policy, "k": 4, "mean_k": 2.5, "ratio_to_adjacent_plain": r + 0.01 * i}
-                     for i in range(4)]
+                     for i in range(6)]
         rows += [{"pair": "p", "kind": kind, "arm": "speculative", "do_sample": False, "drafter": "prompt_lookup",
                   "k_policy": "fixed", "k": 4, "mean_k": 3.0, "ratio_to_adjacent_plain": 1.5} for _ in range(3)]
     rows.append({**rows[0], "do_sample": True, "ratio_to_adjacent_plain": 9.0})  # sampled runs are left out
@@ -204,7 +211,10 @@ def test_strategy_comparison_picks_best_fixed_k_and_keeps_adaptive_policies():
     assert table.loc[("prose", "draft model, best fixed k"), "k"] == 2
     assert table.loc[("code", "prompt lookup, best fixed k"), "speedup"] == 1.5
     cost = table.loc[("code", "draft model, adaptive k (cost model)")]
-    assert cost.runs == 4 and cost.speedup_lo <= cost.speedup <= cost.speedup_hi and pd.isna(cost.k)
+    assert cost.runs == 6 and cost.speedup_lo <= cost.speedup <= cost.speedup_hi and pd.isna(cost.k)
+    assert (cost.speedup_lo, cost.speedup_hi) == pytest.approx((1.30, 1.35))  # six runs: their range at 95%
+    lookup = table.loc[("code", "prompt lookup, best fixed k")]
+    assert lookup.runs == 3 and pd.isna(lookup.speedup_lo)  # three runs: no interval
     assert table.speedup.max() < 9
 
 

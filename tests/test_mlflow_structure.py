@@ -25,6 +25,7 @@ def sweep(tmp_path_factory):
     res = subprocess.run(
         [sys.executable, "-m", "pipeline.run", "-m", "k=1,2", "pair=tiny_random", "prompts=smoke", "stage=speed",
          "device=cpu", "max_new_tokens=8", "stage.timing_repeats=2", "stage.timing_warmup=0", "campaign=ci-check",
+         "stage.rounds=2",  # three prompts, two rounds: six runs in each pooled arm, an interval at 95%
          f"outputs_dir={tmp}/outputs", f"mlflow.tracking_uri={uri}", f"hydra.sweep.dir={tmp}/sweep"],
         cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr

@@ -106,10 +106,11 @@ def test_pricing_an_iteration_from_its_passes():
 
 
 def _rows():
-    """Two blocks per kind; in each: plain, chain k=2 (x1.2), tree static:2-1 (x1.5 in code, x0.9 in prose)."""
+    """Three blocks per kind (six pooled: an interval at 95%); in each: plain, chain k=2 (x1.2), tree static:2-1
+    (x1.5 in code, x0.9 in prose)."""
     rows = []
     for kind in ("code", "prose"):
-        for block in range(2):
+        for block in range(3):
             for arm, drafter, k, factor in (("plain", "none", 0, 1.0), ("speculative", "model", 2, 1.2),
                                             ("speculative", "tree:static:2-1", 2, 1.5 if kind == "code" else 0.9)):
                 rows.append({"pair": "p", "dtype": "bfloat16", "kind": kind, "config_hash": f"h{kind}", "round": 0,

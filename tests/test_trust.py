@@ -239,9 +239,12 @@ def test_an_interval_needs_the_minimum_runs():
     m = speedup_metrics(*_runs([1.27]), 3)
     assert m["runs"] == 1 and np.isnan(m["speedup_lo"]) and np.isnan(m["speedup_hi"])
     assert "n=1, no interval" in speedup_text(m) and "1.27-1.27" not in speedup_text(m)
-    m = speedup_metrics(*_runs([1.0, 1.2, 1.4]), 3)
-    assert m["speedup_lo"] <= m["speedup"] <= m["speedup_hi"] and m["speedup_lo"] < m["speedup_hi"]
-    assert "95% CI" in speedup_text(m) and "n=3" in speedup_text(m)
+    m = speedup_metrics(*_runs([1.0, 1.2, 1.4]), 3)  # trust.min_runs met, but three runs hold no 95% interval
+    assert np.isnan(m["speedup_lo"]) and "n=3, no interval" in speedup_text(m)
+    m = speedup_metrics(*_runs([1.0, 1.2, 1.4, 1.1, 1.3, 1.25]), 3)
+    assert (m["speedup_lo"], m["speedup_hi"]) == (1.0, 1.4)  # six runs: their range
+    assert "95% CI 1.00-1.40" in speedup_text(m) and "n=6" in speedup_text(m)
+    assert np.isnan(speedup_metrics(*_runs([1.0, 1.2, 1.4, 1.1, 1.3, 1.25]), 7)["speedup_lo"])  # min_runs still gates
 
 
 def test_headline_metrics_come_first_and_the_rest_is_grouped():
