@@ -61,7 +61,10 @@ def test_analysis_scripts_produce_report(tmp_path, monkeypatch):
     comparison = pd.read_parquet(outputs / "analysis" / "strategy_comparison.parquet")
     assert {"draft model, best fixed k", "draft model, adaptive k (cost model)", "draft model, adaptive k (heuristic)",
             "prompt lookup, best fixed k"} <= set(comparison.strategy)
-    assert (comparison.speedup_lo <= comparison.speedup).all() and (comparison.speedup <= comparison.speedup_hi).all()
+    has = comparison.speedup_lo.notna()  # a tiny campaign: an interval only where an arm has enough runs
+    assert (comparison.speedup_lo[has] <= comparison.speedup[has]).all()
+    assert (comparison.speedup[has] <= comparison.speedup_hi[has]).all()
+    assert (has == (comparison.runs >= 6)).all()
     pooled = pd.read_parquet(outputs / "analysis" / "jobs.parquet")
     assert set(pooled.campaign) == {"e2e"} and set(pooled.stage) == {"timing", "acceptance", "speed", "divergence",
                                                                     "distribution"}
