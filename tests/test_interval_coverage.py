@@ -5,25 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.interval_coverage import RUNS, ratios
 from speclab.stats import median_ci, runs_needed
 
 TRIALS = 2000
-RUNS = (2, 3, 4, 6, 8, 12, 30)
-
-
-def ratios(noise: str, n: int, rng: np.random.Generator, trials: int = TRIALS) -> np.ndarray:
-    """``trials`` x ``n`` ratios to the adjacent plain run whose true median is 1."""
-    if noise == "lognormal":  # a 15% spread
-        log = rng.normal(0, 0.15, (trials, n))
-    elif noise == "heavy":  # Student t, 2 degrees of freedom: now and then a run several times off
-        log = 0.08 * rng.standard_t(2, (trials, n))
-    else:  # drift: the machine slows steadily (30% over the runs) and wanders (random-walk steps of 5% between
-        # two runs); a ratio carries the drift between its arm run and its plain run, whose order a rotated block
-        # alternates
-        order = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
-        gap = 0.3 / (2 * n) + rng.normal(0, 0.05, (trials, n))
-        log = rng.normal(0, 0.1, (trials, n)) + order * gap
-    return np.exp(log)
 
 
 @pytest.mark.parametrize("noise", ["lognormal", "drift", "heavy"])
