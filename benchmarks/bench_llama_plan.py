@@ -119,6 +119,9 @@ def main() -> None:
     unseen = speed[~speed.prompt_id.isin(plan_prompts)]
     if unseen.empty:
         raise SystemExit("the check ran no prompt the plan did not see")
+    for job, g in unseen.groupby("config_hash"):  # the job-time checks' verdict (pipeline/trust.py), said, not hidden
+        if "trust" in g and str(g.trust.iloc[0]) not in ("", "trusted", "nan"):
+            print(f"check job {job}: flagged {g.trust.iloc[0]}: {g.trust_detail.iloc[0]}")
     pred, check = predictor_table(timing, acc, unseen), check_table(unseen)
     OUT.mkdir(parents=True, exist_ok=True)
     pred.to_parquet(OUT / "llama_plan_predictor.parquet", index=False)
