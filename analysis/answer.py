@@ -83,7 +83,7 @@ def candidates(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
     for (campaign, pair, kind, sampling, config), g in runs.groupby(
             ["campaign", "pair", "kind", "sampling", "config"], sort=True):
         r = g.ratio_to_adjacent_plain.to_numpy(dtype=float)
-        lo, hi = bootstrap_ci(r, np.median, **boot) if len(r) > 1 else (np.nan, np.nan)
+        lo, hi = bootstrap_ci(r, np.median, **boot)
         rows.append({"campaign": campaign, "pair": pair, "kind": kind, "sampling": sampling, "config": config,
                      "runs": len(r), "speedup": float(np.median(r)), "speedup_lo": lo, "speedup_hi": hi})
     out = pd.DataFrame(rows, columns=["campaign", "pair", "kind", "sampling", "config", "runs", "speedup",

@@ -173,12 +173,11 @@ def calibration(timing: pd.DataFrame, acceptance: pd.DataFrame, pair: str, engin
 
 
 def price(rows: pd.DataFrame, costs: EngineCosts | None, engine: str, pair: str, plain: pd.DataFrame,
-          timing: pd.DataFrame, acceptance: pd.DataFrame, spec_prompts: dict[str, float] | None = None) -> np.ndarray:
+          overheads: Overheads, spec_prompts: dict[str, float] | None = None) -> np.ndarray:
     """``rows``' predicted speed-ups at ``engine``'s costs: speclab's loop with that engine's plain runs' prompt
     times (``predict_rows``); an engine such as llama.cpp the way its plan prices it (speclab.engine_plan: each
-    request's prompt time, plain decoding paying the target's share, plus the overheads calibrated on the
-    campaign's acceptance requests). ``spec_prompts``: the engine's own speculative prompt times, for rows of
-    another engine."""
+    request's prompt time, plain decoding paying the target's share, plus ``overheads``, the engine's
+    ``calibration``). ``spec_prompts``: the engine's own speculative prompt times, for rows of another engine."""
     if engine == SPECLAB or costs is None:
         return predict_rows(rows, costs, prompt_times(plain, pair, engine))
     out = pd.Series(np.nan, index=rows.index)
@@ -187,18 +186,17 @@ def price(rows: pd.DataFrame, costs: EngineCosts | None, engine: str, pair: str,
     if spec_prompts:
         fallback = float(np.median(list(spec_prompts.values())))
         requests["prefill_s"] = requests.prompt_id.map(lambda p: spec_prompts.get(str(p), fallback)).astype(float)
-    out[priced.index] = predict_requests(costs, requests, calibration(timing, acceptance, pair, engine)).predicted.values
+    out[priced.index] = predict_requests(costs, requests, overheads).predicted.values
     return out.to_numpy()
 
 
 def own_predictions(spec: pd.DataFrame, plain: pd.DataFrame, timing: pd.DataFrame,
-                    acceptance: pd.DataFrame | None = None) -> np.ndarray:
+                    overheads: dict[tuple[str, str], Overheads]) -> np.ndarray:
     """Every row priced at its own job's timed costs (``price``)."""
-    acceptance = pd.DataFrame() if acceptance is None else acceptance
     out = pd.Series(np.nan, index=spec.index)
     for (pair, engine, _job), g in spec.groupby(["pair", "engine", "config_hash"], sort=False):
-        out[g.index] = price(g, costs_of(g, timing_curve(timing, pair, engine)), engine, pair, plain, timing,
-                             acceptance)
+        out[g.index] = price(g, costs_of(g, timing_curve(timing, pair, engine)), engine, pair, plain,
+                             overheads.get((pair, engine), Overheads()))
     return out.to_numpy()
 
 
@@ -231,7 +229,7 @@ def predictions(spec: pd.DataFrame, costs: dict[tuple[str, str], EngineCosts | N
     rows = []
     for (pair, engine, kind, config), g in _pooled(spec).groupby(["pair", "engine", "kind", "config"], sort=True):
         r = g.ratio_to_adjacent_plain.to_numpy(dtype=float)
-        lo, hi = bootstrap_ci(r, np.median, **boot) if len(r) > 1 else (np.nan, np.nan)
+        lo, hi = bootstrap_ci(r, np.median, **boot)
         measured, predicted = float(np.median(r)), float(np.nanmedian(g.predicted)) if g.predicted.notna().any() \
             else np.nan
         c = costs.get((pair, engine))
@@ -282,7 +280,7 @@ def matched(spec: pd.DataFrame) -> pd.DataFrame:
 
 
 def transfer(spec: pd.DataFrame, plain: pd.DataFrame, costs: dict[tuple[str, str], EngineCosts | None],
-             boot: dict, timing: pd.DataFrame | None = None, acceptance: pd.DataFrame | None = None) -> pd.DataFrame:
+             boot: dict, overheads: dict[tuple[str, str], Overheads] | None = None) -> pd.DataFrame:
     """Per pair measured in two engines, kind (and all kinds) and k run by both: engine A's runs priced with engine
     B's costs and B's prompt times (median over A's runs) against B's measured speed-up, beside B's runs priced
     the same way."""
@@ -297,11 +295,10 @@ def transfer(spec: pd.DataFrame, plain: pd.DataFrame, costs: dict[tuple[str, str
                     continue
                 ga, gb = g[g.engine == a], g[g.engine == b]
                 own_prompts = gb.groupby("prompt_id").prefill_s.median()
-                priced = price(ga, c, b, pair, plain, pd.DataFrame() if timing is None else timing,
-                               pd.DataFrame() if acceptance is None else acceptance,
+                priced = price(ga, c, b, pair, plain, (overheads or {}).get((pair, b), Overheads()),
                                {str(p): float(v) for p, v in own_prompts.items() if v == v})
                 r = gb.ratio_to_adjacent_plain.to_numpy(dtype=float)
-                lo, hi = bootstrap_ci(r, np.median, **boot) if len(r) > 1 else (np.nan, np.nan)
+                lo, hi = bootstrap_ci(r, np.median, **boot)
                 measured = float(np.median(r))
                 own = float(np.nanmedian(gb.predicted)) if gb.predicted.notna().any() else np.nan
                 predicted = float(np.nanmedian(priced)) if np.isfinite(priced).any() else np.nan
@@ -324,12 +321,15 @@ def compute(speed: pd.DataFrame, timing: pd.DataFrame, boot: dict,
                 "transfer": pd.DataFrame(columns=TRANSFER)}
     spec = with_counters(spec).assign(config=lambda d: config_label(d), priceable=lambda d: priceable(d))
     plain = greedy[greedy.arm == "plain"]
-    spec = spec.assign(predicted=np.where(spec.priceable, own_predictions(spec, plain, timing, acceptance), np.nan))
+    acceptance = pd.DataFrame() if acceptance is None else acceptance
+    overheads = {(pair, engine): calibration(timing, acceptance, pair, engine)
+                 for pair, engine in spec[["pair", "engine"]].drop_duplicates().itertuples(index=False)}
+    spec = spec.assign(predicted=np.where(spec.priceable, own_predictions(spec, plain, timing, overheads), np.nan))
     costs = {(pair, engine): costs_of(g, timing_curve(timing, pair, engine))
              for (pair, engine), g in speed.groupby(["pair", "engine"], sort=True)}
     preds = predictions(spec, costs, boot)
     return {"summary": summary(greedy, spec, preds, float(boot.get("level", 0.95))), "predictions": preds,
-            "transfer": transfer(spec, plain, costs, boot, timing, acceptance)}
+            "transfer": transfer(spec, plain, costs, boot, overheads)}
 
 
 # ---------------------------------------------------------------------------------------------- rendering

@@ -57,7 +57,7 @@ def category_table(rows: pd.DataFrame, boot: dict) -> pd.DataFrame:
         base_tps = float(base.tokens_per_s.mean())
         for config, a in g.groupby("config", sort=True):
             ratios = a.ratio_to_adjacent_plain.to_numpy()
-            lo, hi = bootstrap_ci(ratios, np.median, **boot) if len(ratios) > 1 else (np.nan, np.nan)
+            lo, hi = bootstrap_ci(ratios, np.median, **boot)
             out.append({"pair": pair, "category": kind, "config": config, "arm": a.arm.iloc[0],
                         "runs": len(a), "prompts": a.prompt_id.nunique(),
                         "tokens_per_s": float(a.tokens_per_s.mean()),

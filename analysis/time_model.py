@@ -88,7 +88,7 @@ def points_table(model: TimeModel, acc_cal: pd.DataFrame, acc_held: pd.DataFrame
         # Priced at each block's own step times: one prediction per run, summarised like the measurement.
         for name in ("tm_block", "iid_block"):
             p = g[name].dropna().to_numpy()
-            plo, phi = bootstrap_ci(p, np.median, **boot) if len(p) > 1 else (np.nan, np.nan)
+            plo, phi = bootstrap_ci(p, np.median, **boot)
             row.update({name: float(np.median(p)) if len(p) else np.nan, f"{name}_lo": plo, f"{name}_hi": phi,
                         f"{name}_runs": len(p)})
         for name, pred in (("tm_own", own), ("tm_kind", kind)):

@@ -103,7 +103,7 @@ def arm_table(rows: pd.DataFrame, boot: dict) -> pd.DataFrame:
     pooled = pd.concat([rows, rows.assign(kind=ALL)], ignore_index=True)
     for (pair, kind, config), g in pooled[pooled.arm != "plain"].groupby(["pair", "kind", "config"], sort=True):
         ratios = g.ratio_to_adjacent_plain.to_numpy()
-        lo, hi = bootstrap_ci(ratios, np.median, **boot) if len(ratios) > 1 else (np.nan, np.nan)
+        lo, hi = bootstrap_ci(ratios, np.median, **boot)
         tree = is_tree(g.drafter.iloc[0])
         out.append({"pair": pair, "target_dtype": g.dtype.iloc[0], "kind": kind, "config": config,
                     "form": "tree" if tree else "chain", "runs": len(g),
@@ -141,7 +141,7 @@ def comparisons(rows: pd.DataFrame, arms: pd.DataFrame, boot: dict) -> pd.DataFr
                 pairs.append(("same width", t, same.iloc[0]))
         for how, t, c in pairs:
             r = within_blocks(sub, t.config, c.config)
-            lo, hi = bootstrap_ci(r, np.median, **boot) if len(r) > 1 else (np.nan, np.nan)
+            lo, hi = bootstrap_ci(r, np.median, **boot)
             out.append({"pair": pair, "target_dtype": a.target_dtype.iloc[0], "kind": kind, "compared": how,
                         "tree": t.config, "tree_speedup": t.speedup, "tree_tokens_per_pass": t.tokens_per_pass,
                         "chain": c.config, "chain_speedup": c.speedup, "chain_tokens_per_pass": c.tokens_per_pass,

@@ -96,13 +96,6 @@ def bootstrap_interval(values: np.ndarray, stat: Callable[..., Any] = np.median,
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def median_interval(values: np.ndarray, level: float = 0.95, samples: int = 2000,
-                    seed: int = 0) -> tuple[float, float]:
-    """The interval of the median the analysis reports on every speed-up (``median_ci``: distribution-free; NaN
-    below ``runs_needed(level)`` runs). ``samples`` and ``seed`` are not used: nothing is resampled."""
-    return median_ci(values, level)
-
-
 def runs_needed(level: float = 0.95) -> int:
     """The fewest runs a distribution-free interval for the median can have at ``level``: with n runs the widest
     one, from the smallest to the largest, covers with probability 1 - 2 / 2**n."""

@@ -13,7 +13,7 @@ from pipeline.context import StageContext
 from pipeline.job_arms import engine_name
 from pipeline.stages.options import uses
 from speclab.sampling import SamplingConfig
-from speclab.stats import median_interval
+from speclab.stats import median_ci
 from speclab.timing import memory_placement
 
 
@@ -146,7 +146,7 @@ def speedup_metrics(runs: pd.DataFrame, plain: pd.DataFrame, needed: int = 3) ->
     runs: no interval), its quartiles, and the median throughput of the runs and of the plain runs of the
     same blocks."""
     ratio = runs.ratio_to_adjacent_plain
-    lo, hi = median_interval(ratio.to_numpy()) if len(ratio) >= needed else (float("nan"), float("nan"))
+    lo, hi = median_ci(ratio.to_numpy()) if len(ratio) >= needed else (float("nan"), float("nan"))
     return {"speedup": ratio.median(), "speedup_lo": lo, "speedup_hi": hi, "runs": len(runs),
             "speedup_q25": ratio.quantile(0.25), "speedup_q75": ratio.quantile(0.75),
             "spec_tokens_per_s": runs.tokens_per_s.median(),
