@@ -266,7 +266,20 @@ LEGACY = "before stage.arms (store/legacy_arms.py); null: unset"
 
 @dataclass
 class SpeedStage(KsStage):
-    rounds: int = setting(1, int_at_least(1), doc="in-job rounds over the prompts")
+    rounds: int = setting(1, int_at_least(1), doc="in-job rounds over the prompts (speed with race or precision: "
+                                                  "the most rounds, the budget)")
+    race: bool = setting(False, neutral=False,
+                         doc="drop an arm from a kind's blocks once it is clearly slower than the leader, corrected "
+                             "for every look and rival (speclab/racing.py); stage.rounds is then the budget")
+    precision: Optional[float] = setting(None, unset_or(number_in(0, float("inf"), lo_open=True, hi_open=True)),
+                                         neutral=None,
+                                         doc="stop a kind's blocks once every arm in its race has a speed-up interval "
+                                             "of at most this half-width; stage.rounds is then the budget")
+    budget_minutes: Optional[float] = setting(None, unset_or(number_in(0, float("inf"), lo_open=True, hi_open=True)),
+                                              neutral=None,
+                                              doc="with race or precision: start no block after this many minutes")
+    interval_level: float = setting(0.95, number_in(0.5, 1, hi_open=True), neutral=0.95,
+                                    doc="level of the speed-up intervals, the precision stop and the race's drops")
     arms: list[ArmEntry] = setting([OWN], (_arm_entries, f"a list of arm entries (method one of {list(ENTRY_METHODS)}, "
                                                          f"drafter null or one of {list(DRAFTERS)}, k_policy null "
                                                          f"or one of {list(K_POLICIES)}, ks null or integers >= 1, "

@@ -20,6 +20,7 @@ import pyarrow as pa
 #   trust "unchecked", trust_detail "": speed, batch and timing files written before the job-time checks
 #     (pipeline/trust.py) were not checked;
 #   engine "speclab": every file before llama.cpp (engine=llama_cpp) was run by speclab's own loop;
+#   stopped_by "rounds": every speed file before racing (stage.race, stage.precision) ran all its rounds;
 #   None (null, NaN in pandas): not measured by the code of the time, so no value stands in for it:
 #     acceptance's per-iteration context and timings (prompt_len ... wall_s: 6 of the 9 `reference` acceptance
 #     files), speed's block step times (16 `reference` and 2 `timemodel` files, written before
@@ -33,7 +34,7 @@ LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["c
                                                       "passes_by_width", "loop_new_tokens"], NOT_MEASURED),
                  "drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
                  "with_prompt": False, "merged_prefill": False, "replayed": False, "replay_agrees": NOT_MEASURED,
-                 "trust": "unchecked", "trust_detail": "", "engine": "speclab",
+                 "trust": "unchecked", "trust_detail": "", "engine": "speclab", "stopped_by": "rounds",
                  **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
                                   "block_draft_step_s", "worst_ratio", "chosen_by", "target_params", "target_bytes",

@@ -117,7 +117,8 @@ def rotated(arms: list[T], cfg: DictConfig, block: int) -> list[T]:
 
 
 # What a run with speed-ups shows first (MLflow lists metrics by name): the rest is logged as x_<name>.
-HEADLINE_METRICS = ("speedup", "speedup_lo", "speedup_hi", "alpha", "tokens_per_pass", "runs")
+HEADLINE_METRICS = ("speedup", "speedup_lo", "speedup_hi", "precision", "runs", "minutes", "level", "alpha",
+                    "tokens_per_pass")
 GROUPED_STAGES = ("speed", "batch")
 DETAIL_PREFIX = "x_"
 
@@ -141,13 +142,18 @@ def min_runs(cfg: DictConfig) -> int:
     return int(OmegaConf.select(cfg, "trust.min_runs", default=3))
 
 
-def speedup_metrics(runs: pd.DataFrame, plain: pd.DataFrame, needed: int = 3) -> dict[str, float]:
-    """The runs' median ratio to the adjacent plain run, its 95% interval (NaN with fewer than ``needed``
-    runs: no interval), its quartiles, and the median throughput of the runs and of the plain runs of the
-    same blocks."""
+DEFAULT_LEVEL = 0.95  # the speed-up intervals' level where a stage does not set stage.interval_level
+
+
+def speedup_metrics(runs: pd.DataFrame, plain: pd.DataFrame, needed: int = 3,
+                    level: float = DEFAULT_LEVEL) -> dict[str, float]:
+    """The runs' median ratio to the adjacent plain run, its interval at ``level`` (NaN with fewer than ``needed``
+    runs or than the interval needs: no interval) and half its width (``precision``), its quartiles, the minutes
+    the runs took, and the median throughput of the runs and of the plain runs of the same blocks."""
     ratio = runs.ratio_to_adjacent_plain
-    lo, hi = median_ci(ratio.to_numpy()) if len(ratio) >= needed else (float("nan"), float("nan"))
+    lo, hi = median_ci(ratio.to_numpy(), level) if len(ratio) >= needed else (float("nan"), float("nan"))
     return {"speedup": ratio.median(), "speedup_lo": lo, "speedup_hi": hi, "runs": len(runs),
+            "precision": (hi - lo) / 2, "level": level, "minutes": runs.wall_s.sum() / 60,
             "speedup_q25": ratio.quantile(0.25), "speedup_q75": ratio.quantile(0.75),
             "spec_tokens_per_s": runs.tokens_per_s.median(),
             "plain_tokens_per_s": plain[plain.block.isin(runs.block)].tokens_per_s.median()}

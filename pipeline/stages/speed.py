@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.context import StageContext
@@ -16,9 +16,10 @@ from pipeline.engine_speclab import BLOCK_STEP_FIELDS, SpeclabRunner
 from pipeline.job_arms import engine_name, stage_entries
 from pipeline.job_inputs import latest_plan_file
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
+from pipeline.stages.speed_race import FIXED, Race
 from pipeline.stages.common import (
     IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, generator, identity, ks_label, rotated, run_name,
-    min_runs, sampling_config, speedup_metrics, speedup_text, stage_ks,
+    DEFAULT_LEVEL, min_runs, sampling_config, speedup_metrics, speedup_text, stage_ks,
 )
 from speclab.arms import PLAIN, RECOMMENDED, Arm, needs
 from speclab.tree_specs import is_tree
@@ -37,6 +38,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("identical_to_plain", "bool"), ("merged_prefill", "bool"),
     ("tree_nodes", "float64"), ("checked_by_depth", "string"), ("accepted_by_depth", "string"),
     ("draft_calls_by_width", "string"), ("passes_by_width", "string"), ("loop_new_tokens", "int32"),
+    ("stopped_by", "string"),
 ] + [(f, "float64") for f in STEP_FIELDS + BLOCK_STEP_FIELDS] + MEMORY_FIELDS + TRUST_FIELDS)
 
 
@@ -67,11 +69,16 @@ def run(ctx: StageContext) -> StageOutput:
     arm_ks = sorted({arm.k for arm in runs if arm.k and not arm.is_tree})
     log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
     before = engine.step_times(ctx, arm_ks, "step times before")
+    race = Race(names, PLAIN, {kind: int(st.rounds) * n for kind, n in kind_counts(ctx).items()}, bool(st.race),
+                st.precision, float(st.interval_level), st.budget_minutes, arm_name)
     rows, block = [], 0
     for r in range(int(st.rounds)):
         for prompt in tqdm(ctx.prompts, desc=f"speed {len(names)} arms round {r}", leave=False):
+            running = race.arms_for(prompt.kind)
+            if not running:
+                continue
             ctx.load.sample()  # between blocks: the machine's load while the runs are timed
-            order = rotated(names, cfg, block)
+            order = rotated(running, cfg, block)
             ids = ctx.inputs[prompt.id]
             now = engine.block_step_times(ctx, ids)
             results = {arm: engine.run(ctx, resolve(arm, prompt.kind, plan), ids, gen) for arm in order}
@@ -88,8 +95,14 @@ def run(ctx: StageContext) -> StageOutput:
                              "temperature": sampling.temperature, "top_p": sampling.top_p,
                              "new_tokens": len(toks), "wall_s": wall, "prefill_s": prefill, "tokens_per_s": tps,
                              "ratio_to_adjacent_plain": tps / plain_tps,
-                             "identical_to_plain": toks == plain_tokens, **extra, **now, **mem})
+                             "identical_to_plain": toks == plain_tokens, **extra, **now, **mem, "_arm": arm})
+            for line in race.record(prompt.kind, {arm: len(results[arm][0]) / results[arm][1] / plain_tps
+                                                  for arm in order}):
+                log.info(line)
             block += 1
+    race.finish()
+    for row in rows:
+        row["stopped_by"] = race.stopped_by(row["kind"], row.pop("_arm"))
     log.info("speed: step and pass times after the runs (drift check)")
     after = engine.step_times(ctx, arm_ks, "step times after")
     df = pd.DataFrame(rows)
@@ -99,6 +112,43 @@ def run(ctx: StageContext) -> StageOutput:
         # NaN for plain rows and trees (a tree's pass is wider than its depth + 1: stage timing's tree_nodes)
         df[f"verify_{when}_s"] = df.k.map(verify).astype(float).where(~df.drafter.map(is_tree), float("nan"))
     return summarize(df, cfg)
+
+
+def arm_name(arm: Arm) -> str:
+    return "plain" if arm == PLAIN else arm.label
+
+
+def kind_counts(ctx: StageContext) -> dict[str, int]:
+    """Each kind's number of prompts in this job, in the prompts' order."""
+    out: dict[str, int] = {}
+    for p in ctx.prompts:
+        out[p.kind] = out.get(p.kind, 0) + 1
+    return out
+
+
+def stopped_by(runs: pd.DataFrame) -> str:
+    """Why these runs (one arm, one kind, or a kind's plain runs) stopped; "" for files written before racing."""
+    if "stopped_by" not in runs or runs.stopped_by.isna().all():
+        return ""
+    return str(runs.stopped_by.dropna().iloc[-1])
+
+
+def race_lines(df: pd.DataFrame) -> list[str]:
+    """Per kind of a sequential run: its blocks and minutes, why it stopped, and the arms dropped on the way."""
+    plain = df[df.arm == "plain"]
+    if stopped_by(plain) in ("", FIXED):
+        return []
+    out = []
+    for kind, p in plain.groupby("kind", sort=False):
+        runs = df[df.kind == kind]
+        gone = sorted({arm_label(r) for r in runs[runs.stopped_by.str.startswith("dropped")].itertuples()})
+        out.append(f"{kind}: {p.block.nunique()} blocks, {runs.wall_s.sum() / 60:.1f} min, stopped by "
+                   f"{stopped_by(p)}" + (f"; dropped {', '.join(gone)}" if gone else ""))
+    return out
+
+
+def arm_label(row) -> str:
+    return Arm.from_row(row).label
 
 
 def describe(cfg: DictConfig) -> str:
@@ -133,18 +183,20 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     before = (first.target_step_before_s, first.draft_step_before_s)
     after = (first.target_step_after_s, first.draft_step_after_s)
     plain, spec = df[df.arm == "plain"], df[df.arm == "speculative"]
+    level = float(OmegaConf.select(cfg, "stage.interval_level", default=DEFAULT_LEVEL))
     arms = []
     for (method, k, policy, drafter), sub in df[df.arm != "plain"].groupby(["arm", "k", "k_policy", "drafter"],
                                                                            sort=False):
         arm = Arm(method, int(k) or None, policy, drafter, str(sub.engine.iloc[0]) if "engine" in sub else "speclab")
         for kind, s in by_kind(sub):
+            stopped = stopped_by(s)
             arms.append(ArmResult(
                 arm.run_name(kind),
                 {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
                  "engine": str(s.engine.iloc[0]) if "engine" in s else "speclab",
                  "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
-                 "top_p": float(s.top_p.iloc[0])},
-                {**speedup_metrics(s, plain, min_runs(cfg)), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
+                 "top_p": float(s.top_p.iloc[0]), **({"stopped_by": stopped} if stopped else {})},
+                {**speedup_metrics(s, plain, min_runs(cfg), level), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
@@ -155,11 +207,13 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                "drift_ratio": drift,
                "target_step_before_ms": 1e3 * before[0], "target_step_after_ms": 1e3 * after[0],
                "draft_step_before_ms": 1e3 * before[1], "draft_step_after_ms": 1e3 * after[1],
+               "blocks": float(df.block.nunique()), "minutes": df.wall_s.sum() / 60, "level": level,
                **single_arm_metrics([a for a in arms if a.params["kind"] == "all"] or arms)}
     summary = [f"plain {metrics['plain_tokens_per_s']:.1f} tok/s (median); speculative outputs identical "
                f"to the adjacent plain run in {int(spec.identical_to_plain.sum())} of {len(spec)} runs",
                f"step times before/after: target {1e3 * before[0]:.1f}/{1e3 * after[0]:.1f} ms, "
                f"draft {1e3 * before[1]:.1f}/{1e3 * after[1]:.1f} ms (drift x{drift:.2f})"]
+    summary += race_lines(df)
     for arm in arms:
         m = arm.metrics
         if m.get("drafted_per_request") is not None:  # an engine that counts per request, not per iteration part

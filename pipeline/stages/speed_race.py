@@ -1,0 +1,102 @@
+"""Which arms the speed stage runs in the next block of a kind, and why each arm's runs stopped.
+
+With neither ``stage.race`` nor ``stage.precision`` every kind runs ``stage.rounds`` rounds (``FIXED``). With either,
+``stage.rounds`` (and ``stage.budget_minutes``) is the budget: after each block of a kind the race
+(``speclab.racing.look``) may drop arms clearly slower than the leader and may stop the kind, decided or precise
+enough. Every arm keeps the rows of the blocks it ran; its ``stopped_by`` says why it has no more.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speclab.racing import DECIDED, PRECISION, RaceRule, look
+
+FIXED = "rounds"  # every block of stage.rounds ran: the fixed design (and every result stored before racing)
+BUDGET_ROUNDS, BUDGET_MINUTES = "budget: rounds", "budget: minutes"
+STOPS = {DECIDED: "decided: every other arm clearly slower than the leader",
+         PRECISION: "precision reached"}
+
+
+@dataclass
+class KindRace:
+    """One kind's race: the arms still running (plain always), their per-block log speed-ups, who left and why."""
+    running: list[Hashable]
+    plain: Hashable
+    ys: dict[Hashable, list[float]] = field(default_factory=dict)
+    plain_in: bool = True
+    dropped: dict[Hashable, str] = field(default_factory=dict)
+    stop: str | None = None
+    blocks: int = 0
+    leader: Hashable | None = None
+
+
+class Race:
+    """The stage's schedule over kinds: ``arms(kind)`` for the next block, ``record`` after it."""
+
+    def __init__(self, arms: list[Hashable], plain: Hashable, blocks_per_kind: dict[str, int], race: bool,
+                 precision: float | None, level: float, budget_minutes: float | None, name=str) -> None:
+        self.sequential = race or precision is not None
+        self.arms, self.plain, self.name = list(arms), plain, name
+        self.budget_minutes, self.started = budget_minutes, time.monotonic()
+        self.rules = {kind: RaceRule(level, max(n, 1), race, precision) for kind, n in blocks_per_kind.items()}
+        self.kinds = {kind: KindRace(list(arms), plain) for kind in blocks_per_kind}
+
+    def arms_for(self, kind: str) -> list[Hashable]:
+        """The arms of the next block of ``kind`` in the stage's order (empty: the kind has stopped)."""
+        k = self.kinds[kind]
+        if k.stop is None and self.sequential and self.budget_minutes is not None and \
+                time.monotonic() - self.started >= 60 * self.budget_minutes:
+            for other in self.kinds.values():
+                other.stop = other.stop or BUDGET_MINUTES
+        return [] if k.stop else [a for a in self.arms if a in k.running]
+
+    def record(self, kind: str, speedups: dict[Hashable, float]) -> list[str]:
+        """A finished block's speed-ups over its plain run (plain's is 1); the lines saying what the look decided."""
+        k = self.kinds[kind]
+        k.blocks += 1
+        for arm, s in speedups.items():
+            k.ys.setdefault(arm, []).append(math.log(s))
+        if not self.sequential:
+            return []
+        in_race = {a: np.array(k.ys[a]) for a in k.running if a != self.plain or k.plain_in}
+        seen = look(in_race, self.plain, self.rules[kind], len(self.arms), self.name)
+        k.leader = seen.leader
+        lines = []
+        for arm, why in seen.dropped.items():
+            k.dropped[arm] = f"dropped: {why}"
+            if arm == self.plain:
+                k.plain_in = False
+            else:
+                k.running.remove(arm)
+            lines.append(f"speed race, {kind}: {self.name(arm)} {k.dropped[arm]}")
+        if seen.stop:
+            k.stop = seen.stop
+            lines.append(f"speed race, {kind}: stops after {k.blocks} blocks, {STOPS[seen.stop]} "
+                         f"(leader {self.name(seen.leader)})")
+        return lines
+
+    def finish(self) -> None:
+        """After the last round: every kind still going ran out of rounds."""
+        for k in self.kinds.values():
+            k.stop = k.stop or (BUDGET_ROUNDS if self.sequential else FIXED)
+
+    def stopped_by(self, kind: str, arm: Hashable) -> str:
+        k = self.kinds[kind]
+        return k.dropped.get(arm) if arm != self.plain and arm in k.dropped else STOPS.get(k.stop, k.stop or FIXED)
+
+    def lines(self) -> list[str]:
+        """Per kind: blocks run, why it stopped, the leader and the arms dropped (none for the fixed design)."""
+        if not self.sequential:
+            return []
+        out = []
+        for kind, k in self.kinds.items():
+            gone = [self.name(a) for a in k.dropped if a != self.plain]
+            out.append(f"{kind}: {k.blocks} of {self.rules[kind].max_blocks} blocks, stopped by "
+                       f"{STOPS.get(k.stop, k.stop)}; leader {self.name(k.leader)}"
+                       + (f"; dropped {', '.join(gone)}" if gone else ""))
+        return out

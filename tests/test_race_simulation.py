@@ -1,0 +1,104 @@
+"""The race (speclab.racing) keeps its stated error rate over repeated looks: simulated blocks of plain decoding and
+six arms, two of them within 1% of the best, under log-normal, drifting and heavy-tailed noise (seeded;
+benchmarks/race_simulation.py). The same simulation without the correction for looks and rivals drops the best arm
+three to five times as often as the level allows."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.race_simulation import NOISES, summary
+from speclab.racing import DECIDED, FIRST_LOOK, PRECISION, RaceRule, look, upper_bound
+
+TRIALS = 400
+LEVEL = 0.95
+MARGIN = 3 * np.sqrt(LEVEL * (1 - LEVEL) / TRIALS)  # simulation error of a share near 1 - level
+
+
+@pytest.mark.parametrize("noise", NOISES)
+def test_the_race_drops_the_true_best_at_most_as_often_as_its_level_allows(noise):
+    s = summary(noise, RaceRule(level=LEVEL, max_blocks=12), TRIALS, np.random.default_rng(5))
+    assert s["best_dropped"] <= 1 - LEVEL + MARGIN, s
+    assert s["runs_share"] < 0.9, s  # and the clear losers do leave the race
+
+
+@pytest.mark.parametrize("noise", NOISES)
+def test_without_the_correction_the_best_is_dropped_far_more_often(noise):
+    s = summary(noise, RaceRule(level=LEVEL, max_blocks=12, corrected=False), TRIALS, np.random.default_rng(5))
+    assert s["best_dropped"] > 1 - LEVEL + MARGIN, s
+
+
+@pytest.mark.parametrize("noise", NOISES)
+def test_an_interval_stopped_for_its_precision_still_holds_its_level(noise):
+    s = summary(noise, RaceRule(level=LEVEL, max_blocks=12, precision=0.25), TRIALS, np.random.default_rng(9))
+    assert s["precision_stops"] > 0.5, s
+    assert s["precision_miss"] <= 1 - LEVEL + MARGIN, s
+
+
+def blocks(rng, n, **means):
+    return {a: m + rng.normal(0, 0.02, n) if a != "plain" else np.zeros(n) for a, m in means.items()}
+
+
+def test_a_clear_loser_is_dropped_with_its_reason_and_the_leader_kept():
+    y = blocks(np.random.default_rng(0), 6, plain=0, fast=0.4, slow=0.1)
+    seen = look(y, "plain", RaceRule(max_blocks=12), contenders=3)
+    assert seen.leader == "fast"
+    assert set(seen.dropped) == {"slow", "plain"}
+    assert seen.dropped["slow"].startswith("slower than fast after 6 blocks (speed-up ratio at most 0.")
+    assert seen.stop == DECIDED
+
+
+def test_no_arm_is_dropped_before_the_first_look_nor_when_the_race_is_off():
+    y = blocks(np.random.default_rng(0), FIRST_LOOK - 1, plain=0, fast=0.4, slow=0.1)
+    assert look(y, "plain", RaceRule(), 3).dropped == {}
+    y = blocks(np.random.default_rng(0), 8, plain=0, fast=0.4, slow=0.1)
+    assert look(y, "plain", RaceRule(race=False), 3).dropped == {}
+    assert look(y, "plain", RaceRule(race=False), 3).stop is None
+
+
+def test_a_near_tie_stays_in_the_race_until_the_intervals_are_narrow_enough():
+    rng = np.random.default_rng(1)
+    y = blocks(rng, 6, plain=0, a=0.3, b=0.301)
+    rule = RaceRule(max_blocks=12, precision=0.5)
+    seen = look(y, "plain", rule, 3)
+    assert "a" not in seen.dropped and "b" not in seen.dropped
+    assert seen.stop == PRECISION
+    assert look(y, "plain", RaceRule(max_blocks=12, precision=0.001), 3).stop is None
+    five = {a: v[:5] for a, v in y.items()}  # five blocks: no 95% interval yet, so no precision either
+    assert look(five, "plain", rule, 3).stop is None
+
+
+def test_plain_leads_when_every_arm_is_slower_and_the_race_is_then_decided():
+    y = blocks(np.random.default_rng(2), 6, plain=0, a=-0.3, b=-0.4)
+    seen = look(y, "plain", RaceRule(), 3)
+    assert seen.leader == "plain" and set(seen.dropped) == {"a", "b"} and seen.stop == DECIDED
+
+
+def test_more_looks_and_rivals_make_each_test_stricter():
+    rule = RaceRule(level=0.95, max_blocks=12)
+    assert rule.looks() == 12 - FIRST_LOOK + 1
+    assert rule.test_alpha(7) == pytest.approx(0.05 / (6 * 9))
+    assert RaceRule(level=0.95, max_blocks=24).test_alpha(7) < rule.test_alpha(7) < rule.test_alpha(3)
+    assert RaceRule(corrected=False).test_alpha(7) == pytest.approx(0.05)
+
+
+def test_the_upper_bound_is_the_one_sided_t_bound():
+    d = np.array([-0.1, -0.2, -0.15, -0.12])
+    # mean -0.1425, sd 0.0435 (ddof 1), t(0.95, 3) = 2.3534
+    assert upper_bound(d, 0.05) == pytest.approx(-0.1425 + 2.353363 * 0.04349329 / 2, abs=1e-6)
+    assert upper_bound(d[:1], 0.05) == float("inf")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"level": 1.0}, "level 1.0 is not allowed: need 0 < level < 1"),
+    ({"max_blocks": 0}, "max_blocks 0 is not allowed: need an integer >= 1"),
+    ({"precision": 0.0}, "precision 0.0 is not allowed: need a number > 0 or None"),
+])
+def test_a_bad_rule_is_refused_with_the_value_and_what_is_allowed(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RaceRule(**kwargs)
+
+
+def test_arms_with_different_numbers_of_blocks_are_refused():
+    with pytest.raises(ValueError, match="the arms' blocks differ in number"):
+        look({"plain": np.zeros(4), "a": np.ones(3)}, "plain", RaceRule(), 2)
