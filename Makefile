@@ -70,9 +70,9 @@ test-cluster: setup
 publish: setup
 	$(BIN)/python -m analysis.publish
 
-# Mutation testing of the core (mutation/README.md): mutmut mutates speclab's loop, acceptance rules, sampling,
-# batched loop and its cache, drafters, k policies, cost model and statistics, runs the tests that reach each mutant,
-# and mutation/score.py writes the score and every survivor to outputs/mutation/ (exit 1 below 95%).
+# Mutation testing of the core (mutation/README.md): mutmut mutates speclab's loop and step, acceptance rules,
+# sampling, batched loop and its cache, drafters, k policies, cost model, statistics, tree modules and race, runs the
+# tests that reach each mutant, and mutation/score.py writes the score and every survivor to outputs/mutation/ (exit 1 below 95%).
 mutation: $(VENV)/.mutation-installed
 	rm -rf mutants
 	mkdir -p outputs/mutation

@@ -16,8 +16,10 @@ interval (order statistics, speclab.stats.median_ci; none from fewer than 6 runs
 out, as in every section. The best configuration is the highest median over every drafter, k, k policy and tree
 shape measured greedy in the campaign by one engine (a campaign of several engines names each pair with its
 engine, ``smollm2 · llama.cpp``, and that engine's configurations by its own settings); best - runner-up is the
-difference of the two medians, its interval a bootstrap over both configurations' runs (resampled independently:
-they are different runs). Sampled runs and batched runs are not candidates (sampling changes what is generated,
+median of their differences in the blocks both ran (the block is the unit: each block's two runs share its plain
+run and the machine's state), with that median's distribution-free interval (none from fewer than 6 shared blocks);
+where they share too few blocks, the difference of the two medians, each median's 97.5% interval combined (none
+from fewer than 7 runs each). Sampled runs and batched runs are not candidates (sampling changes what is generated,
 batching what is served); they enter the "when not to speculate" lines where their interval lies below 1.
 
 Everything below ``main`` is pure functions over DataFrames.
@@ -32,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read_stage_if_any, read_table,
-                             run_script, save_csv, save_table)
+                             run_script, save_csv, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
 from speclab.arms import ENGINE_NAMES, Arm
@@ -78,16 +80,17 @@ def speculative_runs(speed: pd.DataFrame, campaign: str) -> pd.DataFrame:
 
 def candidates(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
     """Per campaign, pair, kind, sampling setting and configuration: runs, median speed-up and its interval
-    (no interval from fewer than two runs). Sorted best first within each group."""
+    (none from fewer runs than it needs) and the minutes its runs took. Sorted best first within each group."""
     rows = []
     for (campaign, pair, kind, sampling, config), g in runs.groupby(
             ["campaign", "pair", "kind", "sampling", "config"], sort=True):
         r = g.ratio_to_adjacent_plain.to_numpy(dtype=float)
         lo, hi = bootstrap_ci(r, np.median, **boot)
         rows.append({"campaign": campaign, "pair": pair, "kind": kind, "sampling": sampling, "config": config,
-                     "runs": len(r), "speedup": float(np.median(r)), "speedup_lo": lo, "speedup_hi": hi})
+                     "runs": len(r), "speedup": float(np.median(r)), "speedup_lo": lo, "speedup_hi": hi,
+                     "minutes": float(g.wall_s.sum() / 60) if "wall_s" in g else np.nan})
     out = pd.DataFrame(rows, columns=["campaign", "pair", "kind", "sampling", "config", "runs", "speedup",
-                                      "speedup_lo", "speedup_hi"])
+                                      "speedup_lo", "speedup_hi", "minutes"])
     return out.sort_values(["campaign", "pair", "kind", "sampling", "speedup", "runs", "config"],
                            ascending=[True, True, True, True, False, False, True], kind="mergesort",
                            ignore_index=True)
@@ -98,12 +101,36 @@ def difference_ci(a: np.ndarray, b: np.ndarray, samples: int = 2000, seed: int =
     """median(a) - median(b) and a distribution-free interval for it: each median's interval at
     1 - (1 - level) / 2 (``speclab.stats.median_ci``), combined as [lo_a - hi_b, hi_a - lo_b], which covers the
     difference whenever both cover their medians, so at least ``level`` (the union bound). NaN interval where either
-    arm has fewer runs than that needs (``runs_needed``). ``samples`` and ``seed`` are not used."""
+    arm has fewer runs than that needs (``runs_needed``). For runs in different blocks; ``paired_difference`` for
+    runs of the same blocks. ``samples`` and ``seed`` are not used."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     diff = float(np.median(a) - np.median(b))
     each = 1 - (1 - level) / 2
     (lo_a, hi_a), (lo_b, hi_b) = median_ci(a, each), median_ci(b, each)
     return diff, float(lo_a - hi_b), float(hi_a - lo_b)
+
+
+# A block of adjacent runs: one job's (config_hash) round, rotation and block, on one prompt.
+BLOCK_KEYS = ["config_hash", "round", "rotation", "block", "prompt_id"]
+RATIO = "ratio_to_adjacent_plain"
+
+
+def paired_difference(a: pd.DataFrame, b: pd.DataFrame, level: float = 0.95) -> tuple[float, float, float, int] | None:
+    """Two configurations' runs of the same blocks: the median of their per-block differences (each block's a - b,
+    both over that block's plain run) and its distribution-free interval at ``level`` (``median_ci``: needs
+    ``runs_needed(level)`` shared blocks, one fewer than the unpaired interval), and the number of shared blocks.
+    The block is the unit: the machine's drift between blocks cancels. None where the rows carry no blocks or share
+    too few (then ``difference_ci``)."""
+    if any(k not in a or k not in b for k in BLOCK_KEYS):
+        return None
+    # a configuration run twice in a block (the plan's choice beside the same fixed arm) counts once, at its mean
+    pa, pb = (x.groupby(BLOCK_KEYS, dropna=False)[RATIO].mean() for x in (a, b))
+    both = pd.concat([pa.rename("a"), pb.rename("b")], axis=1, join="inner").dropna()
+    if len(both) < runs_needed(level):
+        return None
+    d = (both.a - both.b).to_numpy()
+    lo, hi = median_ci(d, level)
+    return float(np.median(d)), lo, hi, len(both)
 
 
 def verdict(speedup: float, lo: float, hi: float, runs: int | None = None, level: float = 0.95) -> str:
@@ -127,24 +154,31 @@ def best_table(runs: pd.DataFrame, cands: pd.DataFrame, boot: dict) -> pd.DataFr
     for (campaign, pair, kind), g in greedy.groupby(["campaign", "pair", "kind"], sort=True):
         g = g.reset_index(drop=True)  # best first (candidates' order)
         best = g.iloc[0]
+        level = float(boot.get("level", 0.95))
         row = {"campaign": campaign, "pair": pair, "kind": kind, "best": best.config, "speedup": best.speedup,
                "speedup_lo": best.speedup_lo, "speedup_hi": best.speedup_hi, "runs": int(best.runs),
+               "precision": (best.speedup_hi - best.speedup_lo) / 2, "minutes": best.minutes, "level": level,
                "runner_up": None, "runner_up_speedup": np.nan, "difference": np.nan, "difference_lo": np.nan,
-               "difference_hi": np.nan, "verdict": verdict(best.speedup, best.speedup_lo, best.speedup_hi, best.runs,
-                                                       float(boot.get("level", 0.95)))}
+               "difference_hi": np.nan, "difference_blocks": 0,
+               "verdict": verdict(best.speedup, best.speedup_lo, best.speedup_hi, best.runs, level)}
         if len(g) > 1:
             second = g.iloc[1]
             sel = (runs.campaign == campaign) & (runs.pair == pair) & (runs.kind == kind) & \
                   (runs.sampling == "greedy")
-            a = runs[sel & (runs.config == best.config)].ratio_to_adjacent_plain.to_numpy(dtype=float)
-            b = runs[sel & (runs.config == second.config)].ratio_to_adjacent_plain.to_numpy(dtype=float)
-            diff, lo, hi = difference_ci(a, b, **boot)
+            a, b = runs[sel & (runs.config == best.config)], runs[sel & (runs.config == second.config)]
+            paired = paired_difference(a, b, float(boot.get("level", 0.95)))
+            if paired is not None:
+                diff, lo, hi, blocks = paired
+            else:
+                diff, lo, hi = difference_ci(a[RATIO].to_numpy(dtype=float), b[RATIO].to_numpy(dtype=float), **boot)
+                blocks = 0
             row.update(runner_up=second.config, runner_up_speedup=second.speedup, difference=diff,
-                       difference_lo=lo, difference_hi=hi)
+                       difference_lo=lo, difference_hi=hi, difference_blocks=blocks)
         out.append(row)
     return pd.DataFrame(out, columns=["campaign", "pair", "kind", "best", "speedup", "speedup_lo", "speedup_hi",
-                                      "runs", "runner_up", "runner_up_speedup", "difference", "difference_lo",
-                                      "difference_hi", "verdict"])
+                                      "runs", "precision", "minutes", "level", "runner_up", "runner_up_speedup",
+                                      "difference", "difference_lo",
+                                      "difference_hi", "difference_blocks", "verdict"])
 
 
 def not_to_use(cands: pd.DataFrame, best: pd.DataFrame, batch: pd.DataFrame | None = None,
@@ -295,15 +329,17 @@ def render(ans: Answer, heading: str = "##") -> list[str]:
     table = pd.DataFrame({"campaign": b.campaign, "pair": b.pair, "kind": b.kind, "best configuration": b.best,
                           "speed-up": b.speedup.map(_x), "95% interval": [_interval(lo, hi) for lo, hi in
                                                                          zip(b.speedup_lo, b.speedup_hi)],
-                          "runs": b.runs, "runner-up": b.runner_up.fillna(""),
+                          "runs": b.runs, "minutes": [f"{m:.1f}" if m == m else "" for m in b.minutes],
+                          "runner-up": b.runner_up.fillna(""),
                           "best - runner-up": [f"{_signed(d)} ({lo:.2f} to {hi:.2f})" if d == d and lo == lo else _signed(d) if d == d else ""
                                                for d, lo, hi in zip(b.difference, b.difference_lo, b.difference_hi)],
                           "verdict": b.verdict})
     s = [f"{heading} The answer: speculate or not, with what, how much faster\n",
          "Fastest configuration per campaign, pair and prompt kind, over every drafter, k, k policy and tree shape "
          "measured greedy: speed-up = median of its runs' tokens/s over the adjacent plain run's (95% distribution-"
-         "free interval, none from fewer than 6 runs; `runs` = adjacent pairs); best - runner-up: difference of "
-         "medians (each median's 97.5% interval combined, none from fewer than 7 runs each). "
+         "free interval, none from fewer than 6 runs; `runs` = adjacent pairs, `minutes` = their time); best - runner-up: median of the "
+         "two runs' differences in the blocks both ran (95% interval, none from fewer than 6 shared blocks), else "
+         "the difference of medians (each median's 97.5% interval combined, none from fewer than 7 runs each). "
          "`speculate`: interval above 1; `unclear`: not told apart from plain; `use plain`: the best loses; "
          "`too few runs (n of N)`: no interval, so no verdict, until it has N runs.\n",
          table.to_markdown(index=False, disable_numparse=True), ""]
@@ -379,6 +415,19 @@ def compute(params: dict) -> Answer:
     return Answer(best, cands, lose, pd.DataFrame(prov))
 
 
+VERDICT_METRICS = ("speedup", "speedup_lo", "speedup_hi", "precision", "runs", "minutes", "level")
+
+
+def verdict_metrics(best: pd.DataFrame) -> dict:
+    """outputs/metrics/answer.json for ``dvc metrics``: per campaign, pair and kind, the verdict and how sure it is
+    (the speed-up, its interval and half its width, the runs and minutes it took, the level; null where none)."""
+    out: dict = {}
+    for r in best.itertuples():
+        cell = {m: (None if getattr(r, m) != getattr(r, m) else round(float(getattr(r, m)), 4)) for m in VERDICT_METRICS}
+        out.setdefault(r.campaign, {}).setdefault(r.pair, {})[r.kind] = {"best": r.best, **cell, "verdict": r.verdict}
+    return out
+
+
 def main() -> None:
     params = load_params()
     ans = compute(params)
@@ -387,6 +436,7 @@ def main() -> None:
         save_table(df, out / f"{name.removeprefix('answer_')}.parquet")
     save_csv(ans.candidates, out / "candidates.csv")
     save_csv(ans.not_to_use, out / "not_to_use.csv")
+    save_json(verdict_metrics(ans.best), Path(params["metrics_dir"]) / "answer.json")
     print(render_text(ans))
 
 

@@ -245,8 +245,10 @@ def show_plan(plan: pd.DataFrame, top: int) -> str:
                     f"{r.drafter} " + (f"k={r.k}" if r.k_policy == "fixed" else r.k_policy)
                 mark = "recommended" if r.recommended else f"#{r.rank}"
                 worst = getattr(r, "worst_ratio", float("nan"))
+                span = f"[{r.predicted_lo:.2f}, {r.predicted_hi:.2f}]" if r.predicted_lo == r.predicted_lo else \
+                    "[no interval]"
                 lines.append(f"  {kind:10s} {mark:11s} {what:24s} predicted {r.predicted:.2f} "
-                             f"[{r.predicted_lo:.2f}, {r.predicted_hi:.2f}]  (i.i.d. formula {r.predicted_iid:.2f}"
+                             f"{span}  (i.i.d. formula {r.predicted_iid:.2f}"
                              + (f"; worst case {worst:.2f} of a prompt's best" if worst == worst else "") + ")")
                 if r.recommended and isinstance(getattr(r, "chosen_by", None), str) and r.chosen_by:
                     lines.append(f"  {'':10s} {'':11s} chosen as {r.chosen_by}")

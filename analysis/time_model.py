@@ -26,7 +26,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
 from analysis.inputs import AnalysisError
 from analysis.palette import PREDICTOR_COLORS, kind_color
 from speclab.estimators import alpha_hat
-from speclab.planning import bootstrap_median, calibrate, predict_at_blocks, predict_runs
+from speclab.planning import calibrate, predict_at_blocks, predict_runs
 from speclab.time_model import PARTS, TimeModel
 
 ALL = "all"
@@ -93,7 +93,7 @@ def points_table(model: TimeModel, acc_cal: pd.DataFrame, acc_held: pd.DataFrame
                         f"{name}_runs": len(p)})
         for name, pred in (("tm_own", own), ("tm_kind", kind)):
             p = pred[(pred.k == k) & ((pred.kind == kd) | (kd == ALL))].predicted.to_numpy()
-            med, plo, phi = bootstrap_median(p, boot["samples"], boot["level"], boot["seed"]) if len(p) else (np.nan,) * 3
+            med, plo, phi = (float(np.median(p)), *bootstrap_ci(p, np.median, **boot)) if len(p) else (np.nan,) * 3
             row.update({name: med, f"{name}_lo": plo, f"{name}_hi": phi})
         for name, tab in (("iid_own", iid_own), ("iid_kind", iid_kind)):
             hit = tab[(tab.kind == kd) & (tab.k == k)]

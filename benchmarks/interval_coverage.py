@@ -31,6 +31,29 @@ def ratios(noise: str, n: int, rng: np.random.Generator, trials: int = 2000) -> 
     return np.exp(log)
 
 
+def paired_blocks(noise: str, n: int, rng: np.random.Generator, trials: int = 2000,
+                  speedups: tuple[float, float] = (1.4, 1.2)) -> np.ndarray:
+    """``trials`` x ``n`` per-block differences of two arms' ratios to the block's plain run (arm a - arm b), the
+    three runs of each block in a random order: each run's noise, plus, under drift, a machine that slows along the
+    block and wanders."""
+    if noise == "lognormal":
+        e = rng.normal(0, 0.1, (trials, n, 3))
+    elif noise == "heavy":
+        e = 0.05 * rng.standard_t(2, (trials, n, 3))
+    else:
+        e = rng.normal(0, 0.05, (trials, n, 3)) + 0.03 * np.arange(3) + np.cumsum(rng.normal(0, 0.03, (trials, n, 3)),
+                                                                                  axis=2)
+    order = rng.permuted(np.broadcast_to(np.arange(3), (trials, n, 3)), axis=2)  # positions of plain, a, b
+    run = np.take_along_axis(e, order, axis=2)
+    plain, a, b = run[..., 0], run[..., 1], run[..., 2]
+    return speedups[0] * np.exp(a - plain) - speedups[1] * np.exp(b - plain)
+
+
+def true_paired_median(noise: str, rng: np.random.Generator) -> float:
+    """The median of ``paired_blocks``' distribution, from a million blocks."""
+    return float(np.median(paired_blocks(noise, 1000, rng, 1000)))
+
+
 def coverage(noise: str, n: int, trials: int, rng: np.random.Generator, level: float = 0.95) -> tuple[float, float]:
     """(percentile bootstrap, order statistics) coverage at ``n`` runs; NaN where no interval exists."""
     x = ratios(noise, n, rng, trials)

@@ -309,8 +309,9 @@ class SpeedStage(KsStage):
 class PlanStage(TimingStage, AcceptanceStage):
     acceptance_ks: list[int] = setting([1, 2, 3, 4, 5, 6, 7, 8], ints_at_least(1, nonempty=True),
                                        doc="k values of the acceptance part")
-    bootstrap: int = setting(default_of(recommend, "samples"), int_at_least(100),
-                             doc="resamples of prompts for the interval of each prediction")
+    bootstrap: int = setting(1000, int_at_least(100),
+                             doc="not read: a prediction's interval over the prompts is distribution-free "
+                                 "(speclab.stats.median_ci); kept so that stored plans keep their config hash")
     level: float = setting(default_of(recommend, "level"), number_in(0, 1, lo_open=True, hi_open=True),
                            doc="interval level; a kind overrides the robust choice at sign-test p <= 1 - level")
 

@@ -16,7 +16,7 @@ from pipeline.jobs import run_identity, run_params
 from pipeline.redact import redact
 from pipeline.stages import ArmResult, StageOutput, stage_module
 from pipeline.stages.common import arm_run_name, grouped_metrics, prompt_set, run_name
-from pipeline.summary import headline, write_job_record
+from pipeline.summary import SWEEP_METRICS, headline, write_job_record
 from pipeline.trust import description_line, run_trust
 from pipeline.tracking import (
     PARENT_ENV, Tracker, environment_tags, hydra_tags, machine_tags, resolved_config,
@@ -126,7 +126,8 @@ class JobRuns:
 
     def record(self, part: str, status: str, path: Path, metrics: dict | None = None) -> None:
         self.records.append({"stage": part, "status": status, "file": str(path),
-                             "headline": headline(metrics) if metrics else ""})
+                             "headline": headline(metrics) if metrics else "",
+                             **{k: float(metrics[k]) for k in SWEEP_METRICS if metrics and k in metrics}})
 
     def close(self, status: str, parts: list[str]) -> None:
         """End the job's own parent run with the job's status, and leave the job's record."""

@@ -26,6 +26,20 @@ def write_job_record(folder: Path, record: dict[str, Any]) -> None:
     atomic_write_text(folder / RECORD, json.dumps(record, indent=1, default=str))
 
 
+# A job's measuring effort, summed over a sweep on its MLflow run (sweep_metrics): blocks of adjacent runs and the
+# minutes its timed runs took (speed jobs).
+SWEEP_METRICS = ("blocks", "minutes")
+
+
+def sweep_metrics(table: pd.DataFrame) -> dict[str, float]:
+    """The sweep run's metrics: its jobs, and the blocks and minutes of the jobs that report them."""
+    out = {"jobs": float(len(table))}
+    for k in SWEEP_METRICS:
+        if k in table and table[k].notna().any():
+            out[k] = float(table[k].sum())
+    return out
+
+
 def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Read every job's record under ``sweep_dir``, log one table across the jobs and where to see them."""
     rows = []
@@ -33,14 +47,15 @@ def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = 
         record = json.loads(path.read_text())
         for part in record["parts"]:
             rows.append({"job": record["job"], "stage": part["stage"], "status": part["status"],
-                         "overrides": record["overrides"], "headline": part["headline"], "file": part["file"]})
-    table = pd.DataFrame(rows, columns=["job", "stage", "status", "overrides", "headline", "file"])
+                         "overrides": record["overrides"], "headline": part["headline"], "file": part["file"],
+                         **{k: part.get(k, float("nan")) for k in SWEEP_METRICS}})
+    table = pd.DataFrame(rows, columns=["job", "stage", "status", "overrides", "headline", "file", *SWEEP_METRICS])
     # The overrides every job shares say nothing about a row: keep what the sweep varied.
     common = set.intersection(*(set(o.split()) for o in table.overrides)) if len(table) else set()
     table["overrides"] = [" ".join(t for t in o.split() if t not in common) for o in table.overrides]
     lines = [f"multirun of {table.job.nunique()} jobs in {sweep_dir}:"]
     if len(table):
-        lines += table.drop(columns=["file"]).to_markdown(index=False).splitlines()
+        lines += table.drop(columns=["file", *SWEEP_METRICS]).to_markdown(index=False).splitlines()
         counts = table.status.value_counts().to_dict()
         lines.append("status: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if tracker is not None and parent is not None:

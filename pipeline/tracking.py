@@ -410,11 +410,11 @@ class CreateTrackingStore(Callback):
             os.environ[PARENT_ENV], os.environ[PARENT_URI_ENV] = self.parent, self.uri
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from pipeline.summary import multirun_summary
+        from pipeline.summary import multirun_summary, sweep_metrics
 
         table, lines = multirun_summary(Path(str(config.hydra.sweep.dir)), self.tracker, self.parent)
         if self.tracker and self.parent:
-            self.tracker.finish(self.parent, {"jobs": float(len(table))}, description=lines, table=table)
+            self.tracker.finish(self.parent, sweep_metrics(table), description=lines, table=table)
         for var in (PARENT_ENV, PARENT_URI_ENV, SWEEP_PID_ENV, SWEEP_DIR_ENV):
             os.environ.pop(var, None)
         _multirun.pop("callback", None)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from speclab.arms import drafter_looks_up, drafter_runs_model
 from speclab.estimators import alpha_hat
-from speclab.stats import bootstrap_interval
+from speclab.stats import median_ci
 from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop
 from speclab.tree_specs import is_tree
 
@@ -125,10 +125,11 @@ def predict_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) 
     return pd.DataFrame(out, index=speed.index, columns=["predicted", "predicted_iid"], dtype=float)
 
 
-def bootstrap_median(values: np.ndarray, samples: int, level: float, seed: int = 0) -> tuple[float, float, float]:
-    """Median and its percentile bootstrap interval over the given values (one per prompt)."""
+def median_and_interval(values: np.ndarray, level: float) -> tuple[float, float, float]:
+    """Median of the given values (one per prompt) and its distribution-free interval at ``level``
+    (``speclab.stats.median_ci``: NaN, no interval, from fewer prompts than it needs: 5 at 90%)."""
     values = np.asarray(values, float)
-    lo, hi = bootstrap_interval(values, np.median, level, samples, seed)
+    lo, hi = median_ci(values, level)
     return float(np.median(values)), lo, hi
 
 
@@ -160,9 +161,9 @@ def sign_test(pred: pd.DataFrame, a: tuple, b: tuple) -> tuple[int, int, float]:
     return wins, n, float(binomtest(wins, n, 0.5, alternative="greater").pvalue) if n else 1.0
 
 
-def recommend(pred: pd.DataFrame, samples: int = 1000, level: float = 0.9) -> pd.DataFrame:
+def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     """Per kind (and 'all'), every configuration's median predicted speed-up over the sample prompts,
-    its interval, and the recommended one. Plain decoding is a candidate at exactly 1: where no
+    its distribution-free interval at ``level`` (none from fewer prompts than it needs), and the recommended one. Plain decoding is a candidate at exactly 1: where no
     configuration is predicted to beat it, the advice is not to speculate.
 
     The recommendation is the *robust* configuration (the best worst case over every sample prompt,
@@ -176,7 +177,7 @@ def recommend(pred: pd.DataFrame, samples: int = 1000, level: float = 0.9) -> pd
              "predicted_hi": 1.0, "predicted_iid": 1.0, "alpha": float("nan")}
             for kind, g in pooled.groupby("kind", sort=True)]
     for (kind, drafter, policy, k), g in pooled.groupby(["kind", *CONFIG_KEYS], sort=True):
-        med, lo, hi = bootstrap_median(g.predicted.to_numpy(), samples, level)
+        med, lo, hi = median_and_interval(g.predicted.to_numpy(), level)
         rows.append({"kind": kind, "drafter": drafter, "k_policy": policy, "k": int(k), "prompts": g.prompt_id.nunique(),
                      "predicted": med, "predicted_lo": lo, "predicted_hi": hi,
                      "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean())})

@@ -2,13 +2,14 @@
 
 Every block runs plain decoding and each arm still in the race once, back to back, so an arm's per-block log
 speed-up ``log(tokens_per_s / plain's tokens_per_s)`` and the paired difference of two arms in the same block
-cancel the machine's slow drift. After every block the race looks at the blocks so far:
+cancel the machine's slow drift. After every block (or every round over a kind's prompts) the race looks at the
+blocks so far:
 
 - an arm is *dropped* when a one-sided t bound on its mean paired log difference to the leader (the arm, or plain
   decoding, with the highest mean) lies below 0. Each test runs at ``(1 - level) / ((arms - 1) * looks)``: the true
   best is dropped only when one of its tests against some other arm at some look errs, so over every look and every
-  rival the chance of dropping it stays under ``1 - level`` (Bonferroni; the looks are the blocks the budget allows
-  from ``FIRST_LOOK`` on). Plain decoding is a rival like the others, but it keeps running: the ratios need it.
+  rival the chance of dropping it stays under ``1 - level`` (Bonferroni; the looks are the block counts the budget
+  allows from ``FIRST_LOOK`` on, every ``every`` blocks). Plain decoding is a rival like the others, but it keeps running: the ratios need it.
 - the kind *stops* when every rival of the leader is out (``decided``), or when each arm still in the race has a
   distribution-free interval of its median speed-up (``speclab.stats.median_ci`` at ``level``, the report's) no
   wider than ``2 * precision`` (``precision``); the caller stops it when the budget is spent.
@@ -35,12 +36,14 @@ DECIDED, PRECISION = "decided", "precision"
 class RaceRule:
     """How sure a drop and a stop must be. ``max_blocks``: the most blocks of one kind the budget allows (the looks
     the correction covers); ``race``: drop arms; ``precision``: stop at this interval half-width (None: never);
-    ``corrected`` False tests every drop at ``1 - level``, as if there were one look and one rival (only to show what
-    the correction buys: benchmarks/race_simulation.py)."""
+    ``every``: the caller looks after every this many blocks (a kind's prompts, so that each look sees each prompt
+    equally often); ``corrected`` False tests every drop at ``1 - level``, as if there were one look and one rival
+    (only to show what the correction buys: benchmarks/race_simulation.py)."""
     level: float = 0.95
     max_blocks: int = 12
     race: bool = True
     precision: float | None = None
+    every: int = 1
     corrected: bool = True
 
     def __post_init__(self) -> None:
@@ -50,9 +53,15 @@ class RaceRule:
             raise ValueError(f"max_blocks {self.max_blocks!r} is not allowed: need an integer >= 1")
         if self.precision is not None and not self.precision > 0:
             raise ValueError(f"precision {self.precision!r} is not allowed: need a number > 0 or None")
+        if self.every < 1:
+            raise ValueError(f"every {self.every!r} is not allowed: need an integer >= 1")
 
     def looks(self) -> int:
-        return max(self.max_blocks - FIRST_LOOK + 1, 1)
+        """The looks that can drop an arm: every ``every`` blocks from ``FIRST_LOOK`` blocks to ``max_blocks``."""
+        return max(sum(1 for n in range(FIRST_LOOK, self.max_blocks + 1) if n % self.every == 0), 1)
+
+    def looks_at(self, blocks: int) -> bool:
+        return blocks % self.every == 0
 
     def test_alpha(self, contenders: int) -> float:
         """The one-sided error rate of each drop test when ``contenders`` arms (plain included) start the race."""

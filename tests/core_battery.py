@@ -516,6 +516,30 @@ def lookup_cases() -> dict:
     return out
 
 
+def tree_cases() -> dict:
+    """Tree generations (static, dynamic, lookup; greedy and sampled): tokens, every iteration's counts and each
+    tree's size, so that a mutant changing what a tree arm measures fails here even where the output holds."""
+    from speclab.sampling import SamplingConfig
+    from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+    from speclab.tree_loop import tree_generate
+
+    target, good, _ = _models()
+    hot = SamplingConfig(True, 0.8, top_k=12, top_p=0.9)
+    makers = {"static": lambda: StaticTreeDrafter(good, [3, 2, 1, 1]),
+              "dynamic": lambda: DynamicTreeDrafter(good, depth=4, topk=3, nodes=10),
+              "lookup": lambda: LookupTreeDrafter(max_ngram=3, min_ngram=1, branches=4, depth=5)}
+    out: dict[str, Any] = {}
+    for name, make in makers.items():
+        for i, prompt in enumerate(PROMPTS[:2]):
+            for mode, sampling in (("greedy", SamplingConfig()), ("sample", hot)):
+                def run(make=make, prompt=prompt, sampling=sampling, i=i):
+                    g = torch.Generator().manual_seed(i) if sampling.do_sample else None
+                    r = tree_generate(target, make(), _ids(prompt), 14, sampling=sampling, generator=g)
+                    return [r.tokens, _iterations(r), [s.tree_nodes for s in r.iterations]]
+                out[f"{mode}/{name}/{i}"] = outcome(run)
+    return out
+
+
 # Small sections (one drafter's generations each): a mutant fails the first one it changes, and mutmut runs
 # only the sections that reach its function.
 PARTS = ["one_row_lookup", "one_row_model", "model_good", "model_bad", "lookup", "lookup_2_2", "hybrid", "hybrid_min3",
@@ -524,7 +548,7 @@ SECTIONS: dict[str, Callable[[], dict]] = {
     **{f"loop/{p}": (lambda p=p: loop_cases(*_models(), p)) for p in PARTS},
     **{f"batch/{p}": (lambda p=p: batch_cases(*_models(), p)) for p in PARTS},
     "rules": rule_cases, "sampling": sampling_cases, "cost": cost_cases, "stats": stats_cases,
-    "policies": policy_cases, "lookup": lookup_cases,
+    "policies": policy_cases, "lookup": lookup_cases, "trees": tree_cases,
 }
 
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.answer import (Answer, best_table, candidates, difference_ci, not_to_use, read_answer, render,
-                             render_text)
+from analysis.answer import (Answer, best_table, candidates, difference_ci, not_to_use, paired_difference,
+                             read_answer, render, render_text)
 from analysis.common import bootstrap_ci
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +85,32 @@ def test_difference_interval_by_hand():
     assert d == 1.0 and np.isnan(lo) and np.isnan(hi)
     # order: best minus runner-up, not the reverse
     assert difference_ci([1.0, 1.1, 1.2], [2.0, 2.1, 2.2], 200, 0, 0.95)[0] == pytest.approx(-1.0)
+
+
+def blocks(config: str, ratios, job: str = "j") -> pd.DataFrame:
+    n = len(ratios)
+    return runs("c", "p", "code", config, ratios).assign(config_hash=job, round=0, rotation=0, block=range(n),
+                                                         prompt_id=[f"q{i % 2}" for i in range(n)])
+
+
+def test_arms_of_the_same_blocks_are_compared_block_by_block():
+    # the machine drifts from block to block (1.2 .. 1.9), k=4 is 0.05 ahead of k=2 in every block: the unpaired
+    # interval cannot tell them apart, the paired one can
+    drift = np.array([1.2, 1.9, 1.4, 1.7, 1.3, 1.8, 1.5, 1.6])
+    k4, k2 = blocks("draft model k=4", drift + 0.05 + [0, .01, 0, .02, 0, .01, 0, .01]), blocks("draft model k=2", drift)
+    d, lo, hi, n = paired_difference(k4, k2, 0.95)
+    assert n == 8 and d == pytest.approx(0.055) and (lo, hi) == pytest.approx((0.05, 0.07))  # 8 blocks: the range
+    unpaired = difference_ci(k4.ratio_to_adjacent_plain, k2.ratio_to_adjacent_plain, level=0.95)
+    assert unpaired[1] < 0 < unpaired[2]
+    both = pd.concat([k4, k2], ignore_index=True)
+    row = best_table(both, candidates(both, BOOT), BOOT).iloc[0]
+    assert row.best == "draft model k=4" and row.difference_blocks == 8 and row.difference_lo == pytest.approx(0.05)
+    # runs of different jobs share no block: the two medians' intervals, combined
+    apart = pd.concat([k4, blocks("draft model k=2", drift, job="other")], ignore_index=True)
+    row = best_table(apart, candidates(apart, BOOT), BOOT).iloc[0]
+    assert row.difference_blocks == 0 and row.difference_lo < 0
+    # too few shared blocks for a 95% interval (5 < 6): no paired interval
+    assert paired_difference(k4.iloc[:5], k2.iloc[:5], 0.95) is None
 
 
 def test_batch_sizes_below_one_are_listed():

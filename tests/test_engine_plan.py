@@ -71,7 +71,7 @@ def test_the_plan_recommends_no_speculation_where_every_candidate_loses_and_says
             for kind, a in (("prose", 8), ("code", 10)) for i in range(3)]
     reqs += [request("ngram-simple", 0, "library_default", 30, 32, kind="code", pid=f"code{i}") for i in range(3)]
     reqs += [request("ngram-simple", 0, "library_default", 0, 0, kind="prose", pid=f"prose{i}") for i in range(3)]
-    rec = recommend(predict_requests(costs, pd.DataFrame(reqs)), samples=200, level=0.9).assign(engine="llama_cpp")
+    rec = recommend(predict_requests(costs, pd.DataFrame(reqs)), level=0.9).assign(engine="llama_cpp")
     chosen = {r.kind: r for r in rec[rec.recommended].itertuples()}
     assert chosen["code"].drafter == "ngram-simple"
     assert choice_text(chosen["code"]) == "--spec-type ngram-simple"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.interval_coverage import RUNS, ratios
+from benchmarks.interval_coverage import RUNS, paired_blocks, ratios, true_paired_median
 from speclab.stats import median_ci, runs_needed
 
 TRIALS = 2000
@@ -58,4 +58,28 @@ def test_the_difference_interval_holds_its_level(noise):
             assert np.isnan(ci).all(), f"a difference interval from {n} runs each"
             continue
         covered = np.mean((ci[:, 0] <= 0.2) & (0.2 <= ci[:, 1]))
+        assert covered >= level - margin, f"{noise}, n={n}: coverage {covered:.3f} < {level}"
+
+
+@pytest.mark.parametrize("noise", ["lognormal", "drift", "heavy"])
+def test_the_paired_difference_interval_holds_its_level(noise):
+    """best - runner-up over shared blocks (analysis.answer.paired_difference): the median of per-block differences."""
+    import pandas as pd
+
+    from analysis.answer import BLOCK_KEYS, RATIO, paired_difference
+
+    rng = np.random.default_rng(13)
+    truth = true_paired_median(noise, rng)
+    level, trials = 0.95, 1000
+    margin = 3 * np.sqrt(level * (1 - level) / trials)
+    for n in RUNS:
+        d = paired_blocks(noise, n, rng, trials)
+        keys = {k: 0 for k in BLOCK_KEYS} | {"block": np.arange(n)}
+        found = paired_difference(pd.DataFrame({**keys, RATIO: d[0]}), pd.DataFrame({**keys, RATIO: 0.0}), level)
+        if n < runs_needed(level):
+            assert found is None, f"a paired interval from {n} blocks"
+            continue
+        assert found[1:3] == median_ci(d[0], level)  # the answer's paired interval is the median's of the differences
+        ci = np.array([median_ci(row, level) for row in d])
+        covered = np.mean((ci[:, 0] <= truth) & (truth <= ci[:, 1]))
         assert covered >= level - margin, f"{noise}, n={n}: coverage {covered:.3f} < {level}"

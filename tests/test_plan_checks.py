@@ -231,7 +231,7 @@ def _predictions(per_kind: int) -> pd.DataFrame:
 def test_plan_recommends_the_robust_configuration_unless_a_kind_passes_the_sign_test():
     from speclab.planning import recommend
 
-    few = recommend(_predictions(2), samples=200, level=0.9)
+    few = recommend(_predictions(2), level=0.9)
     rec = few[few.recommended].set_index("kind")
     assert (rec.k == 2).all()  # two structured prompts cannot override: sign test p = 0.25
     assert "beats it on 2 of 2 prompts (sign test p=0.250 > 0.10)" in rec.chosen_by["structured"]
@@ -243,9 +243,9 @@ def test_plan_recommends_the_robust_configuration_unless_a_kind_passes_the_sign_
     assert any(line.split()[:4] == ["structured", "recommended", "prompt_lookup", "k=2"] for line in printed)
     assert any(line.split()[:4] == ["structured", "#1", "prompt_lookup", "k=6"] for line in printed)
     assert abs(rec.worst_ratio["all"] - 1.8 / 2.0) < 0.01  # k=2's worst case: 0.9 of structured's best
-    many = recommend(_predictions(4), samples=200, level=0.9)
+    many = recommend(_predictions(4), level=0.9)
     rec = many[many.recommended].set_index("kind")
     assert rec.k.to_dict() == {"all": 2, "code": 2, "structured": 6}  # four of four: p = 0.0625 <= 0.1
     assert rec.chosen_by["structured"].startswith("kind's best: beats the robust choice on 4 of 4 prompts")
-    strict = recommend(_predictions(4), samples=200, level=0.95)
+    strict = recommend(_predictions(4), level=0.95)
     assert (strict[strict.recommended].k == 2).all()  # at level 0.95, four prompts are not enough

@@ -80,6 +80,8 @@ def test_more_looks_and_rivals_make_each_test_stricter():
     assert rule.test_alpha(7) == pytest.approx(0.05 / (6 * 9))
     assert RaceRule(level=0.95, max_blocks=24).test_alpha(7) < rule.test_alpha(7) < rule.test_alpha(3)
     assert RaceRule(corrected=False).test_alpha(7) == pytest.approx(0.05)
+    rounds = RaceRule(level=0.95, max_blocks=12, every=3)  # a look after each round over three prompts: 6, 9, 12
+    assert rounds.looks() == 3 and rounds.looks_at(6) and not rounds.looks_at(7)
 
 
 def test_the_upper_bound_is_the_one_sided_t_bound():
@@ -93,6 +95,7 @@ def test_the_upper_bound_is_the_one_sided_t_bound():
     ({"level": 1.0}, "level 1.0 is not allowed: need 0 < level < 1"),
     ({"max_blocks": 0}, "max_blocks 0 is not allowed: need an integer >= 1"),
     ({"precision": 0.0}, "precision 0.0 is not allowed: need a number > 0 or None"),
+    ({"every": 0}, "every 0 is not allowed: need an integer >= 1"),
 ])
 def test_a_bad_rule_is_refused_with_the_value_and_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):

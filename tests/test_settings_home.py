@@ -127,7 +127,7 @@ def test_a_key_two_schemas_declare_differently_is_refused():
 
 
 def test_shared_values_are_defined_once(conf):
-    """The drift limit, the MLflow store and the plan's bootstrap come from code the analysis reads too."""
+    """The drift limit, the MLflow store and the plan's level come from code the analysis reads too."""
     from analysis.tracking import tracking_settings
     from speclab.planning import recommend
     from speclab.strategy import default_of
@@ -135,7 +135,7 @@ def test_shared_values_are_defined_once(conf):
     cfg = compose(config_name="config", overrides=["stage=plan", "outputs_dir=/tmp"])
     assert cfg.trust.max_drift == DRIFT_LIMIT == HASH_NEUTRAL["trust.max_drift"].value
     assert (cfg.mlflow.tracking_uri, cfg.mlflow.experiment) == (TRACKING_URI, EXPERIMENT)
-    assert cfg.stage.bootstrap == default_of(recommend, "samples") and cfg.stage.level == default_of(recommend, "level")
+    assert cfg.stage.level == default_of(recommend, "level")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     analysis = tracking_settings(params)
     assert (analysis.uri, analysis.experiment) == (cfg.mlflow.tracking_uri, cfg.mlflow.experiment)

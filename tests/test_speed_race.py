@@ -13,7 +13,8 @@ from pipeline.stages.speed_race import BUDGET_ROUNDS, FIXED, STOPS
 from pipeline_helpers import make_cfg
 from speclab.racing import DECIDED, FIRST_LOOK, PRECISION
 
-BASE = ["stage=speed", "stage.timing_repeats=1", "stage.timing_warmup=0", "prompts.kinds=[code,prose]"]
+BASE = ["stage=speed", "stage.timing_repeats=1", "stage.timing_warmup=0"]
+KINDS = "prompts.kinds=[code,prose]"
 
 
 class SetSpeeds(SpeclabRunner):
@@ -30,7 +31,8 @@ class SetSpeeds(SpeclabRunner):
 
 
 def run_stage(tmp_path, speeds, *overrides):
-    ctx = build_context(make_cfg(tmp_path, *BASE, *overrides))
+    kinds = [] if any(o.startswith("prompts.kinds") for o in overrides) else [KINDS]
+    ctx = build_context(make_cfg(tmp_path, *BASE, *kinds, *overrides))
     ctx.runner = SetSpeeds(speeds)
     return speed.run(ctx)
 
@@ -94,3 +96,11 @@ def test_a_minutes_budget_starts_no_block_after_it_is_spent(tmp_path):
     df = out.rows
     assert df.block.nunique() == 1  # the first block runs, then the budget is spent
     assert (df.stopped_by == "budget: minutes").all()
+
+
+def test_a_kind_of_several_prompts_is_looked_at_after_whole_rounds_only(tmp_path):
+    out = run_stage(tmp_path, {1: 2.0, 2: 2.0, 3: 0.5}, "stage.ks=[1,2,3]", "stage.rounds=4", "stage.race=true",
+                    "prompts.per_kind=3", "prompts.kinds=[code]")
+    slow = out.rows[out.rows.k == 3]
+    assert slow.block.nunique() == 6  # the first look with >= 4 blocks that sees each of the 3 prompts equally: 6
+    assert slow.stopped_by.str.contains("after 6 blocks").all()

@@ -44,7 +44,7 @@ def run(ctx: StageContext) -> StageOutput:
         pred = predict_requests(costs, acc, fit_overheads(costs, acc))  # calibrated on this plan's own requests
     else:
         pred = predict_runs(calibrate(timing, acc), acc)
-    rec = recommend(pred, int(cfg.stage.bootstrap), float(cfg.stage.level))
+    rec = recommend(pred, float(cfg.stage.level))
     rows = rec.assign(**identity(ctx), level=float(cfg.stage.level), prompt_ids=",".join(sorted(acc.prompt_id.unique())))
     return summarize(rows, cfg)
 
@@ -63,6 +63,12 @@ def choice_text(r) -> str:
     return f"{r.drafter}{policy}{k}"
 
 
+def interval_text(row) -> str:
+    if row.predicted_lo != row.predicted_lo:
+        return f"no {100 * row.level:.0f}% interval from {row.prompts} prompts"
+    return f"{100 * row.level:.0f}% interval {row.predicted_lo:.2f}-{row.predicted_hi:.2f}"
+
+
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """The recommendation per kind (child runs), and every kind's best on the job run."""
     arms, summary, metrics = [], [], {}
@@ -77,7 +83,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                                "worst_ratio": best.worst_ratio}))
         metrics[f"predicted_speedup_{kind}"] = float(best.predicted)
         summary.append(f"{kind}: recommended {choice_text(best)}: predicted speed-up {best.predicted:.2f} "
-                       f"({100 * best.level:.0f}% interval {best.predicted_lo:.2f}-{best.predicted_hi:.2f}, "
+                       f"({interval_text(best)}, "
                        f"{best.prompts} prompts; {best.chosen_by})"
                        + (f"; highest other median {choice_text(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
                        + (f"; best draft-model fixed k={int(fixed.loc[fixed.predicted.idxmax()].k)} "

@@ -69,8 +69,8 @@ def run(ctx: StageContext) -> StageOutput:
     arm_ks = sorted({arm.k for arm in runs if arm.k and not arm.is_tree})
     log.info(f"speed: step and pass times before the runs (k = {arm_ks}, {st.timing_repeats} repeats)")
     before = engine.step_times(ctx, arm_ks, "step times before")
-    race = Race(names, PLAIN, {kind: int(st.rounds) * n for kind, n in kind_counts(ctx).items()}, bool(st.race),
-                st.precision, float(st.interval_level), st.budget_minutes, arm_name)
+    race = Race(names, PLAIN, kind_counts(ctx), int(st.rounds), bool(st.race), st.precision,
+                float(st.interval_level), st.budget_minutes, lambda arm, kind: arm_name(resolve(arm, kind, plan)))
     rows, block = [], 0
     for r in range(int(st.rounds)):
         for prompt in tqdm(ctx.prompts, desc=f"speed {len(names)} arms round {r}", leave=False):
@@ -115,6 +115,7 @@ def run(ctx: StageContext) -> StageOutput:
 
 
 def arm_name(arm: Arm) -> str:
+    """An arm as the race names it (the plan's arm resolved for a kind: ``prompt lookup k=4 (plan)``)."""
     return "plain" if arm == PLAIN else arm.label
 
 

@@ -38,13 +38,16 @@ class KindRace:
 class Race:
     """The stage's schedule over kinds: ``arms(kind)`` for the next block, ``record`` after it."""
 
-    def __init__(self, arms: list[Hashable], plain: Hashable, blocks_per_kind: dict[str, int], race: bool,
-                 precision: float | None, level: float, budget_minutes: float | None, name=str) -> None:
+    def __init__(self, arms: list[Hashable], plain: Hashable, prompts_per_kind: dict[str, int], rounds: int,
+                 race: bool, precision: float | None, level: float, budget_minutes: float | None,
+                 name=lambda arm, kind: str(arm)) -> None:
+        """``name(arm, kind)``: how a reason names an arm (the plan's choice names its configuration for the kind)."""
         self.sequential = race or precision is not None
         self.arms, self.plain, self.name = list(arms), plain, name
         self.budget_minutes, self.started = budget_minutes, time.monotonic()
-        self.rules = {kind: RaceRule(level, max(n, 1), race, precision) for kind, n in blocks_per_kind.items()}
-        self.kinds = {kind: KindRace(list(arms), plain) for kind in blocks_per_kind}
+        # A kind is looked at after each round over its prompts: every look sees each prompt equally often.
+        self.rules = {kind: RaceRule(level, rounds * n, race, precision, every=n) for kind, n in prompts_per_kind.items()}
+        self.kinds = {kind: KindRace(list(arms), plain) for kind in prompts_per_kind}
 
     def arms_for(self, kind: str) -> list[Hashable]:
         """The arms of the next block of ``kind`` in the stage's order (empty: the kind has stopped)."""
@@ -61,10 +64,11 @@ class Race:
         k.blocks += 1
         for arm, s in speedups.items():
             k.ys.setdefault(arm, []).append(math.log(s))
-        if not self.sequential:
+        if not self.sequential or not self.rules[kind].looks_at(k.blocks):
             return []
         in_race = {a: np.array(k.ys[a]) for a in k.running if a != self.plain or k.plain_in}
-        seen = look(in_race, self.plain, self.rules[kind], len(self.arms), self.name)
+        name = lambda arm: self.name(arm, kind)  # noqa: E731
+        seen = look(in_race, self.plain, self.rules[kind], len(self.arms), name)
         k.leader = seen.leader
         lines = []
         for arm, why in seen.dropped.items():
@@ -73,11 +77,11 @@ class Race:
                 k.plain_in = False
             else:
                 k.running.remove(arm)
-            lines.append(f"speed race, {kind}: {self.name(arm)} {k.dropped[arm]}")
+            lines.append(f"speed race, {kind}: {name(arm)} {k.dropped[arm]}")
         if seen.stop:
             k.stop = seen.stop
             lines.append(f"speed race, {kind}: stops after {k.blocks} blocks, {STOPS[seen.stop]} "
-                         f"(leader {self.name(seen.leader)})")
+                         f"(leader {name(seen.leader)})")
         return lines
 
     def finish(self) -> None:
@@ -88,15 +92,3 @@ class Race:
     def stopped_by(self, kind: str, arm: Hashable) -> str:
         k = self.kinds[kind]
         return k.dropped.get(arm) if arm != self.plain and arm in k.dropped else STOPS.get(k.stop, k.stop or FIXED)
-
-    def lines(self) -> list[str]:
-        """Per kind: blocks run, why it stopped, the leader and the arms dropped (none for the fixed design)."""
-        if not self.sequential:
-            return []
-        out = []
-        for kind, k in self.kinds.items():
-            gone = [self.name(a) for a in k.dropped if a != self.plain]
-            out.append(f"{kind}: {k.blocks} of {self.rules[kind].max_blocks} blocks, stopped by "
-                       f"{STOPS.get(k.stop, k.stop)}; leader {self.name(k.leader)}"
-                       + (f"; dropped {', '.join(gone)}" if gone else ""))
-        return out
