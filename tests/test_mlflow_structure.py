@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The headline first (speed-up with its interval, alpha, tokens per pass, runs), the rest grouped after as x_<name>.
-HEADLINE = {"speedup", "alpha", "tokens_per_pass", "runs"}
+HEADLINE = {"speedup", "alpha", "tokens_per_pass", "runs", "minutes", "level"}
 STABLE = HEADLINE | {"x_spec_tokens_per_s", "x_plain_tokens_per_s", "x_draft_ms_per_iter", "x_verify_ms_per_iter",
                      "x_rollback_ms_per_iter", "x_bookkeeping_ms_per_iter", "x_identical_share"}
 NOISE = ("outputs_dir", "force", "threads", "mlflow.tracking_uri", "mlflow.enabled", "campaign")
@@ -61,12 +61,14 @@ def test_metric_names_are_stable_and_params_tell_runs_apart(sweep):
     jobs, arms = _level(runs, "stage"), _level(runs, "arm")
     assert all(STABLE <= set(a.data.metrics) for a in arms)
     # every arm: the same columns in the compare view (an arm with too few runs for an interval leaves its
-    # speedup_lo / speedup_hi cells empty)
-    assert len({frozenset(a.data.metrics) - {"speedup_lo", "speedup_hi"} for a in arms}) == 1
+    # speedup_lo / speedup_hi / precision cells empty)
+    interval = {"speedup_lo", "speedup_hi", "precision"}
+    assert len({frozenset(a.data.metrics) - interval for a in arms}) == 1
+    assert all({"runs", "minutes", "level"} <= set(a.data.metrics) for a in arms)
     assert all(STABLE <= set(j.data.metrics) and "x_drift_ratio" in j.data.metrics for j in jobs)
-    assert all(not (set(r.data.metrics) - HEADLINE - {"speedup_lo", "speedup_hi"}) - {
+    assert all(not (set(r.data.metrics) - HEADLINE - interval) - {
         m for m in r.data.metrics if m.startswith("x_")} for r in jobs + arms)  # the rest is grouped after
-    assert all({"speedup_lo", "speedup_hi"} <= set(a.data.metrics) for a in arms if a.data.params["kind"] == "all")
+    assert all(interval <= set(a.data.metrics) for a in arms if a.data.params["kind"] == "all")
     assert not any("." in m for r in jobs + arms for m in r.data.metrics)  # no k or kind inside a metric name
     assert sorted(j.data.params["k"] for j in jobs) == ["1", "2"]
     assert {a.data.params["k"] for a in arms} == {"1", "2"}

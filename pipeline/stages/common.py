@@ -153,7 +153,8 @@ def speedup_metrics(runs: pd.DataFrame, plain: pd.DataFrame, needed: int = 3,
     ratio = runs.ratio_to_adjacent_plain
     lo, hi = median_ci(ratio.to_numpy(), level) if len(ratio) >= needed else (float("nan"), float("nan"))
     return {"speedup": ratio.median(), "speedup_lo": lo, "speedup_hi": hi, "runs": len(runs),
-            "precision": (hi - lo) / 2, "level": level, "minutes": runs.wall_s.sum() / 60,
+            "precision": (hi - lo) / 2, "level": level,
+            "minutes": runs.wall_s.sum() / 60 if "wall_s" in runs else float("nan"),
             "speedup_q25": ratio.quantile(0.25), "speedup_q75": ratio.quantile(0.75),
             "spec_tokens_per_s": runs.tokens_per_s.median(),
             "plain_tokens_per_s": plain[plain.block.isin(runs.block)].tokens_per_s.median()}

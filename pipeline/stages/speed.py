@@ -6,6 +6,7 @@ them and detect drift; each speculative run also records its per-iteration time 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -121,10 +122,7 @@ def arm_name(arm: Arm) -> str:
 
 def kind_counts(ctx: StageContext) -> dict[str, int]:
     """Each kind's number of prompts in this job, in the prompts' order."""
-    out: dict[str, int] = {}
-    for p in ctx.prompts:
-        out[p.kind] = out.get(p.kind, 0) + 1
-    return out
+    return dict(Counter(p.kind for p in ctx.prompts))
 
 
 def stopped_by(runs: pd.DataFrame) -> str:
