@@ -86,7 +86,10 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
     robust = plan[plan.kind == "all"].sort_values(["worst_ratio", "predicted"], ascending=False).iloc[0]
     assert (best[["drafter", "k_policy", "k"]] == robust[["drafter", "k_policy", "k"]]).all().all()
     assert best.chosen_by.str.startswith("robust").all()
-    assert ((plan.predicted_lo <= plan.predicted) & (plan.predicted <= plan.predicted_hi)).all()
+    # one or two sample prompts: no distribution-free 90% interval (it needs 5); plain's is exactly 1
+    spec = plan[plan.drafter != "none"]
+    assert spec.predicted_lo.isna().all() and spec.predicted_hi.isna().all()
+    assert (plan[plan.drafter == "none"][["predicted_lo", "predicted_hi"]] == 1.0).all().all()
 
     held = make_cfg(tmp_path, "stage=acceptance", "stage.ks=[1,2]", "prompts.per_kind=1", "prompts.skip_per_kind=1",
                     *common)
