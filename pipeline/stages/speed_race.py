@@ -26,17 +26,16 @@ STOPS = {DECIDED: "decided: every other arm clearly slower than the leader",
 class KindRace:
     """One kind's race: the arms still running (plain always), their per-block log speed-ups, who left and why."""
     running: list[Hashable]
-    plain: Hashable
     ys: dict[Hashable, list[float]] = field(default_factory=dict)
     plain_in: bool = True
     dropped: dict[Hashable, str] = field(default_factory=dict)
     stop: str | None = None
     blocks: int = 0
-    leader: Hashable | None = None
 
 
 class Race:
-    """The stage's schedule over kinds: ``arms(kind)`` for the next block, ``record`` after it."""
+    """The stage's schedule over kinds: ``arms_for(kind)`` before a block, ``record`` after it, ``finish`` after the
+    last round, then ``stopped_by`` for each row."""
 
     def __init__(self, arms: list[Hashable], plain: Hashable, prompts_per_kind: dict[str, int], rounds: int,
                  race: bool, precision: float | None, level: float, budget_minutes: float | None,
@@ -47,7 +46,7 @@ class Race:
         self.budget_minutes, self.started = budget_minutes, time.monotonic()
         # A kind is looked at after each round over its prompts: every look sees each prompt equally often.
         self.rules = {kind: RaceRule(level, rounds * n, race, precision, every=n) for kind, n in prompts_per_kind.items()}
-        self.kinds = {kind: KindRace(list(arms), plain) for kind in prompts_per_kind}
+        self.kinds = {kind: KindRace(list(arms)) for kind in prompts_per_kind}
 
     def arms_for(self, kind: str) -> list[Hashable]:
         """The arms of the next block of ``kind`` in the stage's order (empty: the kind has stopped)."""
@@ -69,7 +68,6 @@ class Race:
         in_race = {a: np.array(k.ys[a]) for a in k.running if a != self.plain or k.plain_in}
         name = lambda arm: self.name(arm, kind)  # noqa: E731
         seen = look(in_race, self.plain, self.rules[kind], len(self.arms), name)
-        k.leader = seen.leader
         lines = []
         for arm, why in seen.dropped.items():
             k.dropped[arm] = f"dropped: {why}"
