@@ -1,6 +1,8 @@
 """The caches after a tree pass and ``keep_path``: every layer's keys and values equal a fresh prefill of
 the context plus the accepted path, in the target's cache and in a tree drafter's own cache. And the
 models a tree cannot serve are refused before any pass."""
+import re
+
 import pytest
 import torch
 
@@ -163,3 +165,12 @@ def test_keep_path_outside_inference_mode():
     verify_tree(target, cache, seq, 3, 4, Tree(torch.tensor([10, 20, 21]), [-1, -1, 1]))
     keep_path(cache, 4, [5, 6])
     assert cache.get_seq_length() == 6
+
+
+def test_a_sliding_window_cache_is_refused_with_the_whole_message():
+    """The refusal names the model and its odd cache layers, what a tree needs, and the drafters that still work."""
+    gemma = _gemma(0)
+    message = ("Gemma3ForCausalLM has cache layers ['DynamicSlidingWindowLayer']: a tree draft needs plain "
+               "full-attention layers (DynamicLayer); use a chain (drafter model, prompt_lookup or hybrid)")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_plain_cache(new_cache(gemma), gemma)

@@ -150,6 +150,52 @@ def test_without_replacement_rows():
     assert torch.allclose(rows, want)
 
 
+def test_one_candidate_fixed_p_rule_is_the_exact_rule_draw_for_draw():
+    """With one candidate the wrong rule equals the exact one (its docstring): same index and token per seed."""
+    outcomes = set()
+    # The global RNG is seeded only so that a rule wrongly drawing from it fails the same way every run.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for seed in range(60):
+            g = torch.Generator().manual_seed(1000 + seed)
+            p, q = (torch.softmax(1.5 * torch.randn(RV, generator=g), 0) for _ in range(2))
+            x = torch.multinomial(q, 1, generator=g)
+            exact = accept_candidates(x, p, q[None], torch.Generator().manual_seed(seed))
+            fixed = accept_candidates_fixed_p(x, p, q[None], torch.Generator().manual_seed(seed))
+            assert fixed == exact, seed
+            outcomes.add(exact[0])
+    assert outcomes == {0, -1}  # both acceptances and rejections were compared
+
+
+@pytest.mark.parametrize("rule", [accept_candidates, accept_candidates_fixed_p])
+def test_a_candidate_is_rejected_when_u_times_q_equals_p(rule):
+    """Acceptance is u < p(x)/q(x), strict: for u uniform on [0, 1) that accepts with probability exactly p/q."""
+    u = torch.rand(1, generator=torch.Generator().manual_seed(3)).item()  # the rule's first uniform for seed 3
+    x = 2
+    q = torch.full((1, RV), 0.5 / (RV - 1))
+    q[0, x] = 0.5
+    p = torch.full((RV,), (1 - u * 0.5) / (RV - 1))
+    p[x] = u * 0.5  # exact in float32: u * q(x) == p(x)
+    assert float(p[x]) == u * float(q[0, x])
+    i, token = rule(torch.tensor([x]), p, q, torch.Generator().manual_seed(3))
+    assert i == -1 and token != x  # rejected; the residual gives x no mass
+    p[x] = torch.nextafter(p[x], torch.tensor(1.0))  # one float above the boundary: accepted
+    assert rule(torch.tensor([x]), p, q, torch.Generator().manual_seed(3)) == (0, x)
+
+
+@pytest.mark.parametrize("rule", [accept_candidates, accept_candidates_fixed_p])
+def test_the_rules_draw_their_uniforms_on_the_distributions_device(rule):
+    """Placement: on the meta device the rule fails reading its uniforms back; uniforms made on the CPU
+    would get further and fail at the first probability read (the CPU-only stand-in for a GPU)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(RV, generator=g), 0).to("meta")
+    q = torch.softmax(torch.randn(2, RV, generator=g), -1).to("meta")
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        rule(torch.tensor([1, 2]), p, q)
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        rule(torch.tensor([1, 2]), p, q, torch.Generator().manual_seed(1))
+
+
 # ---------------------------------------------------------------- loop level
 
 @pytest.fixture(scope="module")
