@@ -43,3 +43,33 @@ def test_one_row_drafter_runs_exactly(tiny_pair, merge_prefill, n_ctx):
     assert [v for name, v in oracle.calls[1:]] == [n - 1 for n in lengths]  # the verified prefix, before EOS cut
     with pytest.raises(ValueError, match="cannot draft for 2 rows"):
         batch_speculative_generate(target, oracle, [ids[0], ids[0]], 8)
+
+
+class ReportingOracle:
+    """Proposes the target's own greedy continuation and reports its work like a draft model (last_fed, last_calls)."""
+
+    def __init__(self, text: list[int]) -> None:
+        self.text = text
+        self.last_fed = self.last_calls = 0
+
+    def start(self, ids, n_ctx):
+        pass
+
+    def propose(self, ids, length, k, sampling, generator):
+        self.last_fed, self.last_calls = 2, k
+        return torch.tensor(self.text[length: length + k]), None
+
+    def rollback(self, valid_length):
+        pass
+
+
+def test_iteration_without_proposals_reports_no_draft_work(tiny_pair):
+    """An iteration that proposes nothing (the budget leaves room for the target's token only) reports no draft
+    work, not the drafter's previous iteration's."""
+    target, _ = tiny_pair
+    ids = torch.tensor([[3, 17, 9, 41, 2]])
+    plain = plain_greedy(target, ids, 6).tokens
+    res = speculative_generate(target, ReportingOracle(ids[0].tolist() + plain), ids, 6, k=4)
+    assert res.tokens == plain
+    # 4 accepted + the bonus leave one token of the budget: the second iteration is a plain step.
+    assert [(it.k, it.draft_fed, it.draft_calls) for it in res.iterations] == [(4, 2, 4), (0, 0, 0)]

@@ -32,3 +32,12 @@ def test_speculative_past_the_window_equals_plain(k):
     plain = plain_greedy(target, ids, 3 * WINDOW).tokens
     assert speculative_generate(target, draft, ids, 3 * WINDOW, k=k).tokens == plain
     assert speculative_generate(target, target, ids, 3 * WINDOW, k=k).tokens == plain
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_prefill_apart_past_the_window_equals_plain():
+    """Prefilled apart, one row's prompt is a uniform feed: the layout stays dense and exact past the window."""
+    target, draft = _gemma(0), _gemma(1)
+    ids = torch.tensor([[5, 9, 4, 1, 7]])
+    plain = plain_greedy(target, ids, 3 * WINDOW).tokens
+    assert speculative_generate(target, draft, ids, 3 * WINDOW, k=2, merge_prefill=False).tokens == plain
