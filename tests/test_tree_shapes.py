@@ -1,12 +1,16 @@
 """The shapes tree drafters propose, the tree attention mask, and the refusal of bad tree configurations."""
+from types import SimpleNamespace
+
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from speclab.cache import forward_logits, new_cache
 from speclab.models import tiny_random_model
 from speclab.sampling import GREEDY, SamplingConfig
-from speclab.tree import Tree, attention_rows
+from speclab.tree import Tree, additive_mask, attention_rows, check_tree_model, point_masses, walk_sample
 from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+from speclab.tree_rules import accept_candidates
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -231,3 +235,129 @@ def test_bad_configurations_are_refused(draft, make, words):
     assert "\n" not in msg, msg
     for w in words:
         assert w in msg, msg
+
+
+def test_tree_refuses_a_token_count_unlike_its_parents():
+    """A tree with more (or fewer) tokens than parents, or 2-D tokens, is refused naming both counts."""
+    with pytest.raises(ValueError, match=r"^a tree needs one parent per token: \(3,\) tokens, 2 parents$"):
+        Tree(torch.tensor([1, 2, 3]), [-1, 0])
+    with pytest.raises(ValueError, match=r"^a tree needs one parent per token: \(2, 1\) tokens, 2 parents$"):
+        Tree(torch.tensor([[1], [2]]), [-1, 0])
+
+
+def test_tree_refuses_parents_outside_root_and_earlier_nodes():
+    """Parent -1 (the root) or an earlier node only: -2 and a node's own index are refused by name."""
+    allowed = "is not allowed: use -1 \\(the root\\) or an earlier node$"
+    with pytest.raises(ValueError, match="^parent -2 of node 0 " + allowed):
+        Tree(torch.tensor([1]), [-2])
+    with pytest.raises(ValueError, match="^parent 1 of node 1 " + allowed):
+        Tree(torch.tensor([1, 2]), [-1, 1])
+    assert Tree(torch.tensor([1, 2]), [-1, 0]).depth == [1, 2]  # the bounds themselves are fine
+
+
+def test_empty_tree_holds_long_ids_on_the_sequence_device():
+    """An empty tree's tokens are token ids (long) on the given device, so they join a sequence unchanged."""
+    tree = Tree.empty(torch.device("cpu"))
+    assert tree.n == 0 and tree.tokens.shape == (0,) and tree.tokens.dtype == torch.long
+    # A float empty tensor would promote the joined ids to float (no longer valid input ids).
+    assert torch.cat([torch.tensor([5, 9]), tree.tokens]).dtype == torch.long
+    # A fake CUDA device stands in for a GPU (meta cannot: the tree reads its tokens back to the host).
+    with FakeTensorMode():
+        fake = Tree.empty(torch.device("cuda"))
+    assert fake.n == 0 and fake.tokens.device.type == "cuda" and fake.tokens.dtype == torch.long
+
+
+def test_chain_keeps_its_draws_for_the_sampling_walk():
+    """Tree.chain keeps the rows its proposals were drawn from; the walk accepts by them, not by point masses."""
+    x = torch.tensor([3])
+    q = torch.tensor([[0.5, 0.0, 0.0, 0.5]])
+    chain = Tree.chain(x, q)
+    assert chain.draws is q and chain.parents == [-1]
+    # p(3) = q(3): the exact rule accepts always; as a point mass (q(3) = 1) only half the time.
+    p = torch.tensor([[0.5, 0.0, 0.0, 0.5], [0.25] * 4])
+    accepted = [len(walk_sample(chain, p, accept_candidates, torch.Generator().manual_seed(s))[0]) for s in range(20)]
+    assert accepted == [1] * 20
+
+
+def test_additive_mask_dtype_values_and_device():
+    """The 4-D additive mask is 0 where allowed and the dtype's minimum elsewhere, in that dtype, on that device."""
+    allow = torch.tensor([[True, False], [True, True]])
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        mask = additive_mask(allow, dtype, torch.device("cpu"))
+        low = torch.finfo(dtype).min
+        assert mask.dtype == dtype and mask.shape == (1, 1, 2, 2)
+        assert mask[0, 0].tolist() == [[0.0, low], [0.0, 0.0]]
+    # meta stands in for a GPU: a mask left on the CPU would not reach the model's device.
+    meta = additive_mask(allow, torch.float16, torch.device("meta"))
+    assert meta.device.type == "meta" and meta.dtype == torch.float16 and meta.shape == (1, 1, 2, 2)
+
+
+def test_point_masses_rows_and_device():
+    """Deterministic candidates become one-hot rows over the vocabulary, on the candidates' device."""
+    rows = point_masses(torch.tensor([2, 0]), 4)
+    assert rows.tolist() == [[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    meta = point_masses(torch.tensor([2, 0]).to("meta"), 4)
+    assert meta.device.type == "meta" and meta.shape == (2, 4)
+
+
+def test_walk_sample_compares_draws_in_the_targets_precision():
+    """With a bfloat16 target, a candidate whose residual mass is zero in bfloat16 is never accepted."""
+    # Node 0 (token 0, p = 0) is always rejected; its draw row equals p at token 1 once rounded to bfloat16
+    # (0.3 -> 0.30078125), so the residual keeps token 2 only and node 1 (token 1) is always rejected.
+    # Compared in float32 a rounding sliver at token 1 would take almost all of the residual.
+    draws = torch.tensor([[0.001, 0.3, 0.0, 0.699], [0.0, 1.0, 0.0, 0.0]])
+    tree = Tree(torch.tensor([0, 1]), [-1, -1], draws)
+    p = torch.tensor([[0.0, 0.3, 2.0 ** -20, 0.695], [0.25] * 4, [0.25] * 4]).to(torch.bfloat16)
+    for seed in range(5):
+        assert walk_sample(tree, p, accept_candidates, torch.Generator().manual_seed(seed)) == ([], 2)
+
+
+class _PositionsLM(torch.nn.Module):
+    """A causal LM stand-in whose forward takes a 4-D mask and position ids."""
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True,
+                logits_to_keep=0):
+        raise AssertionError("check_tree_model must not run the model")
+
+
+class _AlibiLM(_PositionsLM):
+    def __init__(self):
+        super().__init__()
+        self.config = {"model_type": "bloom"}
+
+
+class _FlashLM(_PositionsLM):
+    def __init__(self):
+        super().__init__()
+        self.config = SimpleNamespace(model_type="llama", _attn_implementation="flash_attention_2")
+
+
+def test_check_tree_model_refuses_alibi_config():
+    """An ALiBi config is refused with its class, its architecture and the chain drafters to use instead."""
+    with pytest.raises(ValueError) as excinfo:
+        check_tree_model(_AlibiLM())
+    assert str(excinfo.value) == (
+        "_AlibiLM (bloom) adds ALiBi position biases built from a 2-D attention mask and takes no 4-D tree mask: "
+        "it cannot verify a tree; use a chain (drafter model, prompt_lookup or hybrid)")
+
+
+def test_check_tree_model_names_the_model_class_of_a_bad_attention():
+    """A non-tree attention implementation is refused naming it, the model's class and the allowed ones."""
+    with pytest.raises(ValueError) as excinfo:
+        check_tree_model(_FlashLM())
+    assert str(excinfo.value) == ("attention implementation 'flash_attention_2' of _FlashLM cannot verify a tree "
+                                  "(it takes no custom 4D mask): allowed are ['sdpa', 'eager']")
+
+
+def test_check_tree_model_defaults_to_eager_attention():
+    """No attention implementation in the config (absent or None), or no config at all, means eager: accepted."""
+    for config in (SimpleNamespace(model_type="llama"), SimpleNamespace(model_type="llama", _attn_implementation=None),
+                   {"model_type": "llama"}):
+        model = _PositionsLM()
+        model.config = config
+        assert check_tree_model(model) is None
+    assert check_tree_model(_PositionsLM()) is None
+    for impl in ("sdpa", "eager"):
+        model = _PositionsLM()
+        model.config = SimpleNamespace(model_type="llama", _attn_implementation=impl)
+        assert check_tree_model(model) is None
