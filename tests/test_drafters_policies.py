@@ -350,3 +350,73 @@ def test_hybrid_uses_lookup_exactly_when_the_continuation_reaches_min_match(tiny
     assert HybridDrafter(tiny_pair[1], min_match=5).label(seq, 15) == 3  # 5 tokens follow the match: enough
     assert HybridDrafter(tiny_pair[1], min_match=6).label(seq, 15) == "model"
     assert HybridDrafter(tiny_pair[1], min_match=1).label(seq, 15) == 3
+
+
+def _lookup_tree(drafter, tokens: list[int], max_depth: int = 10):
+    """The (tokens, parents) of the tree a lookup drafter proposes after ``tokens``."""
+    ids = torch.tensor([tokens])
+    tree = drafter.propose_tree(ids, len(tokens), GREEDY, None, max_depth)
+    return tree.tokens_h, tree.parents
+
+
+def test_default_lookup_tree_uses_3_to_1_grams_4_branches_6_deep():
+    """LookupTreeDrafter's defaults (n-grams 3 down to 1, the 4 latest matches, 6 tokens each), hand-computed."""
+    from speclab.tree_drafters import LookupTreeDrafter
+
+    d = LookupTreeDrafter()
+    # [1, 2, 3] recurs at 1 and 7 (a 4-gram would match only at 0): two branches, latest first, each 6 deep.
+    seq = [9, 1, 2, 3, 50, 51, 7, 1, 2, 3, 60, 61, 9, 1, 2, 3]
+    assert _lookup_tree(d, seq) == ([60, 61, 9, 1, 2, 3, 50, 51, 7, 1, 2, 3],
+                                    [-1, 0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10])
+    # Only the final 1-gram [4] recurs: a 1-gram match still proposes.
+    assert _lookup_tree(d, [4, 8, 5, 6, 4]) == ([8, 5, 6, 4], [-1, 0, 1, 2])
+    # [7] recurs 5 times: the 4 latest, each cut at the sequence's end or 6 tokens.
+    seq = [7, 10, 7, 11, 7, 12, 7, 13, 7, 14, 7]
+    assert _lookup_tree(d, seq) == ([14, 7, 13, 7, 14, 7, 12, 7, 13, 7, 14, 7, 11, 7, 12, 7, 13, 7],
+                                    [-1, 0, -1, 2, 3, 4, -1, 6, 7, 8, 9, 10, -1, 12, 13, 14, 15, 16])
+
+
+def test_lookup_tree_allows_equal_min_and_max_ngram_and_names_a_bad_size():
+    """min_ngram == max_ngram is allowed (only that n-gram size is looked up); a size below 1 is refused by name."""
+    from speclab.tree_drafters import LookupTreeDrafter
+
+    assert _lookup_tree(LookupTreeDrafter(max_ngram=2, min_ngram=2), [1, 2, 5, 1, 2]) == ([5, 1, 2], [-1, 0, 1])
+    assert _lookup_tree(LookupTreeDrafter(max_ngram=2, min_ngram=2), [4, 8, 5, 6, 4]) == ([], [])
+    with pytest.raises(ValueError, match=r"^max_ngram=0 is not allowed: use an integer >= 1$"):
+        LookupTreeDrafter(max_ngram=0)
+    with pytest.raises(ValueError, match=r"^n-gram sizes min=3, max=2 are not allowed: need 1 <= min <= max$"):
+        LookupTreeDrafter(max_ngram=2, min_ngram=3)
+
+
+def test_lookup_tree_without_a_match_is_an_empty_tree_of_token_ids():
+    """No repeated n-gram: the empty tree, whose tokens are integer ids (appended to a sequence they stay ids)."""
+    from speclab.tree_drafters import LookupTreeDrafter
+
+    seq = torch.arange(10)
+    tree = LookupTreeDrafter().propose_tree(seq[None], 10, GREEDY, None, 5)
+    assert tree.n == 0 and tree.tokens.dtype == torch.long
+    assert torch.cat([seq, tree.tokens]).dtype == torch.long
+
+
+class _ReadableOnMeta:
+    """A sequence on an accelerator, as the lookup drafter sees it: values it can read back (a CUDA tensor's can be),
+    a device other than the CPU (meta: a tensor made there cannot be read back, so building a Tree on it raises)."""
+
+    device = torch.device("meta")
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+    def __getitem__(self, index):
+        return self.ids[index]
+
+
+def test_lookup_tree_is_proposed_on_the_sequences_device():
+    """The lookup tree's tokens are made on the sequence's device, not the CPU (the target's pass concatenates them
+    with the sequence: on CUDA a CPU tree fails there)."""
+    from speclab.tree_drafters import LookupTreeDrafter
+
+    seq = torch.tensor([[4, 8, 5, 6, 4]])
+    assert _lookup_tree(LookupTreeDrafter(), seq[0].tolist()) == ([8, 5, 6, 4], [-1, 0, 1, 2])  # on the CPU
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        LookupTreeDrafter().propose_tree(_ReadableOnMeta(seq), 5, GREEDY, None, 5)
