@@ -6,10 +6,13 @@ Reads one campaign's speed results of one pair holding a racing job (``stage.rac
 run twice (conf/sweep/race_qwen.yaml). Per kind: each job's best configuration (the highest median ratio to the
 adjacent plain run; plain decoding counts, at exactly 1; the racing job's among the arms still in its race at the
 end), whether they agree, the runs each job spent (every run, plain's included) and their share, the racing job's
-blocks and why it stopped. A configuration is its label (``speclab.arms.Arm.label``; the plan's choice is its own
-arm, ``... (plan)``, beside a fixed arm of the same configuration). Where the two bests differ, the fixed run's own paired 95%
-interval of their difference says whether even it can tell them apart (``tied_in_fixed``). Every racing job of the
-campaign is compared with the fixed job that finished last. No model runs here.
+blocks and why it stopped. A configuration is its arm's label (``speclab.arms.Arm.label``) without the plan's mark:
+the plan's choice runs as its own arm, ``prompt lookup k=4 (plan)``, and is the same configuration as the fixed arm
+``prompt lookup k=4``. Where the two bests differ, the fixed run's own paired 95% interval of their difference says
+whether even it can tell them apart (``tied_in_fixed``). The fixed reference is every fixed job of the campaign,
+pooled: each block holds its own adjacent plain runs, so blocks of two jobs (renumbered apart, never paired across
+jobs) add up to one longer fixed run, e.g. a 12-round job and a 6-round job give the 18 rounds that are 3x a racing
+budget of 6. Every racing job is compared with that pool. No model runs here.
 
 Writes outputs/benchmarks/race.parquet and prints it.
 
@@ -42,8 +45,8 @@ def read(outputs: Path, campaign: str, pair: str) -> pd.DataFrame:
 
 
 def jobs(df: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """({racing job's overrides: its rows}, the fixed job's rows): every racing job, and the fixed job (every row
-    ``rounds``) that finished last."""
+    """({racing job's overrides: its rows}, every fixed job's rows pooled): a fixed job has every row ``rounds``;
+    its blocks are renumbered after the previous fixed job's, so that a pair of runs never spans two jobs."""
     racing, fixed = {}, []
     for name, rows in df.groupby("file", sort=False):
         meta = read_meta(rows.path.iloc[0])
@@ -53,11 +56,19 @@ def jobs(df: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
             racing[" ".join(meta.get("overrides") or [name])] = rows
     if not racing or not fixed:
         raise SystemExit(f"need a racing job and a fixed job; found {len(racing)} racing, {len(fixed)} fixed")
-    return racing, max(fixed, key=lambda f: f[0])[1]
+    pooled, offset = [], 0
+    for _, rows in sorted(fixed, key=lambda f: f[0]):
+        pooled.append(rows.assign(block=rows.block + offset))
+        offset += int(rows.block.max()) + 1
+    return racing, pd.concat(pooled, ignore_index=True)
+
+
+PLAN_MARK = " (plan)"
 
 
 def labelled(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows.assign(label=[PLAIN if r.arm == "plain" else Arm.from_row(r).label for r in rows.itertuples()])
+    return rows.assign(label=[PLAIN if r.arm == "plain" else Arm.from_row(r).label.removesuffix(PLAN_MARK)
+                              for r in rows.itertuples()])
 
 
 def best(rows: pd.DataFrame, still_running: bool) -> tuple[str, float]:

@@ -119,7 +119,7 @@ def check_tree_model(model: torch.nn.Module) -> None:
     """A tree pass needs an attention path that takes a custom 4D mask with explicit position ids: not ALiBi
     (Bloom, MPT), not a forward without position ids (``speclab.tree_support``)."""
     config = getattr(model, "config", None)
-    problem = tree_mask_problem(type(model), config) if config is not None else None
+    problem = tree_mask_problem(type(model), config)  # a model without a config still needs position ids
     if problem:
         raise ValueError(f"{problem}: it cannot verify a tree; use a chain (drafter model, prompt_lookup or hybrid)")
     impl = getattr(config, "_attn_implementation", None) or "eager"

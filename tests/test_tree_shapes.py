@@ -361,3 +361,19 @@ def test_check_tree_model_defaults_to_eager_attention():
         model = _PositionsLM()
         model.config = SimpleNamespace(model_type="llama", _attn_implementation=impl)
         assert check_tree_model(model) is None
+
+
+class _NoPositionsLM(torch.nn.Module):
+    """A model with no config whose forward takes no position ids."""
+
+    def forward(self, input_ids, attention_mask=None):
+        raise AssertionError("check_tree_model must not run the model")
+
+
+def test_check_tree_model_refuses_a_forward_without_position_ids_even_without_a_config():
+    """Siblings share a position only through position ids: a forward without them is refused, config or not."""
+    with pytest.raises(ValueError) as excinfo:
+        check_tree_model(_NoPositionsLM())
+    assert str(excinfo.value) == (
+        "_NoPositionsLM (?) takes no position_ids, so a tree's siblings cannot share a position: it cannot verify "
+        "a tree; use a chain (drafter model, prompt_lookup or hybrid)")
