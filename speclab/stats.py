@@ -109,7 +109,7 @@ def median_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     (x_(j), x_(n+1-j)) with the largest j whose coverage, 1 - 2 * P(Binomial(n, 1/2) < j), is at least
     ``level``. It holds its level at every n for any continuous distribution (skewed, heavy-tailed), where a
     percentile bootstrap of the median covers about half the time at n = 2. NaN (no interval) below
-    ``runs_needed(level)`` runs; NaNs in ``values`` are dropped."""
+    ``runs_needed(level)`` runs; missing values (NaN, None) are dropped."""
     x = np.asarray(values, dtype=float)
     x = np.sort(x[~np.isnan(x)])
     n = len(x)

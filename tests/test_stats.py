@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from speclab.stats import chi_square, chi_square_top, pool_bins
+from speclab.stats import bootstrap_interval, chi_square, chi_square_top, median_ci, pool_bins, runs_needed
 
 
 def test_pooling_keeps_totals_and_minimum_expected():
@@ -78,3 +78,41 @@ def test_chi_square_power_separates_near_and_far_distributions():
     assert chi_square_power(np.array([0.25] * 4), null, 2000, sims=50) == 1.0
     far = chi_square_power(np.array([0.37, 0.3, 0.2, 0.13]), null, 500, sims=100, seed=1)
     assert 0.1 < far < 1.0  # a small shift at a small n: detected sometimes, so the count itself matters
+
+
+def test_median_interval_takes_the_order_statistic_whose_coverage_equals_the_level():
+    """At a level equal to an order statistic's exact coverage, 1 - 2 P(Binomial(n, 1/2) < j), that pair is the
+    interval: (x_(2), x_(9)) of 10 runs at 1 - 2 * 11/1024, (x_(1), x_(6)) of 6 runs at 1 - 2/64."""
+    assert median_ci(np.arange(10.0), 1 - 2 * 11 / 1024) == (1.0, 8.0)
+    assert median_ci(np.arange(6.0), 1 - 2 / 64) == (0.0, 5.0)
+    assert median_ci(np.arange(10.0), 0.95) == (1.0, 8.0)  # the widest pair is never taken when a narrower holds
+
+
+def test_median_interval_drops_missing_values_given_as_none():
+    """A run without a ratio (None or NaN) is left out, not counted: six values and a gap are six runs."""
+    assert median_ci([5.0, None, 1.0, 2.0, 3.0, 4.0, 6.0], 0.95) == (1.0, 6.0)
+    assert np.isnan(median_ci([1.0, 2.0, None, 3.0, 4.0, 5.0], 0.95)).all()  # five runs: none at 95%
+
+
+def test_runs_needed_at_the_default_level_and_its_range():
+    """95% (the default) needs 6 runs; a level outside (0, 1) is refused with its value."""
+    assert runs_needed() == 6 and runs_needed(0.9) == 5
+    for bad in (0, 0.0, 1, -0.1):
+        with pytest.raises(ValueError, match=f"level {bad!r} is not allowed: need 0 < level < 1"):
+            runs_needed(bad)
+
+
+def test_bootstrap_interval_of_nothing_one_value_and_two():
+    """No values (or only NaNs): no interval; one value or identical values: that value twice; two different
+    values: the resamples spread between them."""
+    for empty in ([], [float("nan")]):
+        lo, hi = bootstrap_interval(empty)
+        assert np.isnan(lo) and np.isnan(hi)
+    assert bootstrap_interval([3.0]) == (3.0, 3.0) and bootstrap_interval([2.0, 2.0, 2.0]) == (2.0, 2.0)
+    assert bootstrap_interval([1.0, 2.0]) == (1.0, 2.0)
+
+
+def test_bootstrap_interval_uses_its_level():
+    """A 50% interval is narrower than the 95% one of the same resamples."""
+    assert bootstrap_interval(np.arange(10.0), level=0.5) == (3.5, 5.5)
+    assert bootstrap_interval(np.arange(10.0)) == (2.0, 7.0)
