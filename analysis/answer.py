@@ -39,6 +39,7 @@ from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
 from speclab.arms import ENGINE_NAMES, Arm
 from speclab.stats import median_ci, runs_needed
+from speclab.verdict import verdict
 from store import layout
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
@@ -131,19 +132,6 @@ def paired_difference(a: pd.DataFrame, b: pd.DataFrame, level: float = 0.95) -> 
     d = (both.a - both.b).to_numpy()
     lo, hi = median_ci(d, level)
     return float(np.median(d)), lo, hi, len(both)
-
-
-def verdict(speedup: float, lo: float, hi: float, runs: int | None = None, level: float = 0.95) -> str:
-    """``speculate`` (interval above 1), ``use plain`` (the best is below 1), else ``unclear`` (a tie with plain);
-    no verdict without an interval: ``too few runs (n of N)``, N the fewest runs an interval at ``level`` needs."""
-    if lo != lo:
-        have = "" if runs is None else f"{int(runs)} of "
-        return f"too few runs ({have}{runs_needed(level)})"
-    if speedup < 1:
-        return "use plain"
-    if lo > 1:
-        return "speculate"
-    return "unclear"
 
 
 def best_table(runs: pd.DataFrame, cands: pd.DataFrame, boot: dict) -> pd.DataFrame:

@@ -36,6 +36,14 @@ class StageContext:
         if self.runner is not None:
             self.runner.close()
 
+    def compute_threads(self) -> int:
+        """The threads the job's timed work runs on (its load check discounts them): another engine's server's
+        (llama.cpp's ``threads``), else torch's."""
+        settings = getattr(self.runner, "settings", None)
+        if getattr(self.runner, "name", "speclab") != "speclab" and isinstance(settings, dict) and settings.get("threads"):
+            return int(settings["threads"])
+        return torch.get_num_threads()
+
     def prices(self, policy: str | None = None) -> CostTable | None:
         """The price table the k policy ``policy`` (None: the job's) reads, if it reads one: measured on
         the first prompt the first time a policy of the job needs it."""

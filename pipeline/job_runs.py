@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
+from pipeline.job_verdict import as_records, kind_verdicts
 from pipeline.jobs import run_identity, run_params
 from pipeline.redact import redact
 from pipeline.stages import ArmResult, StageOutput, stage_module
@@ -122,11 +123,16 @@ class JobRuns:
                                     self.parent())
         if self.finish(run_id, part, out, path, format_tags(meta.get("prompt_format"))):
             log.info(f"[{part}] {path} was complete but had no finished MLflow run: logged it from the file")
-        self.record(part, "logged from file", path, out.metrics)
+        self.record(part, "logged from file", path, out.metrics, (run_trust(out.rows) or ("", ""))[0],
+                    kind_verdicts(out.arms) if part == "speed" else [])
 
-    def record(self, part: str, status: str, path: Path, metrics: dict | None = None) -> None:
+    def record(self, part: str, status: str, path: Path, metrics: dict | None = None, trust: str = "",
+               verdicts: list | None = None) -> None:
+        """One stage's entry in the job's record: ``trust`` its checks' state, ``verdicts`` its best per kind
+        (pipeline/job_verdict.py), both read by the sweep's closing table."""
         self.records.append({"stage": part, "status": status, "file": str(path),
-                             "headline": headline(metrics) if metrics else "",
+                             "headline": headline(metrics) if metrics else "", "trust": trust,
+                             "verdicts": as_records(verdicts or []),
                              **{k: float(metrics[k]) for k in SWEEP_METRICS if metrics and k in metrics}})
 
     def close(self, status: str, parts: list[str]) -> None:

@@ -30,7 +30,9 @@ from pipeline.engine_checks import check_engine  # noqa: E402
 from pipeline.errors import Interrupted, JobEnded, error_line, interrupted_line, precheck  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
 from pipeline.job_runs import JobRuns, format_tags  # noqa: E402
+from pipeline.job_verdict import conclude  # noqa: E402
 from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
+from pipeline.machine import describe  # noqa: E402
 from pipeline.results import hydra_overrides, now, provenance, write_result  # noqa: E402
 from pipeline.shape_checks import check_shapes  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
@@ -38,6 +40,7 @@ from pipeline.stages.options import check_used  # noqa: E402
 from pipeline.tracking import end_open_parent, summary_after_failure  # noqa: E402
 from pipeline.trust import LoadSampler, check_job  # noqa: E402
 from pipeline.workers import dies_with_sweep  # noqa: E402
+from speclab.models import resolve_device  # noqa: E402
 from store.extend import extension_permitted, job_may_write, refusal  # noqa: E402
 from store.layout import STAGES, StoreError  # noqa: E402
 from store.locks import file_lock, job_lock_path  # noqa: E402
@@ -122,7 +125,8 @@ class Job:
             elif self.runs.logged(part):
                 log.info(f"[{part}] already complete for this config: {path}"
                          + ("" if published else " (force=true reruns it)"))
-                self.runs.record(part, "complete", path)
+                for line in conclude(self.runs, self.cfg, part, path, "complete"):
+                    log.info(f"[{part}] {line}")
             else:
                 self.runs.log_from_file(part, path)
         return todo
@@ -134,20 +138,21 @@ class Job:
             started = now()
             if self.ctx is None:
                 log.info(f"loading {self.cfg.pair.target} + draft {self.cfg.pair.draft} and "
-                         f"{len(self.prompts)} prompts")
+                         f"{len(self.prompts)} prompts on {describe(str(resolve_device(str(self.cfg.device))))}")
                 self.ctx = build_context(self.cfg, self.prompts)
             log.info(f"[{part}] running: {module.describe(self.cfg)}")
             self.ctx.load = LoadSampler()
             self.ctx.load.sample()  # at the start; the stage samples between its blocks
             out = module.run(self.ctx)
             self.ctx.load.sample()  # at the end
-            late = {**format_tags(self.ctx.prompt_record), **check_job(part, out, self.cfg, self.ctx.load)}
+            late = {**format_tags(self.ctx.prompt_record), **check_job(part, out, self.cfg, self.ctx.load,
+                                                                              self.ctx.compute_threads())}
             record = provenance(self.cfg, part, started, self.runs.git_commit(), self.ctx.prompt_record)
             write_result(out.rows, module.SCHEMA, path, record)
             logged = self.runs.finish(run_id, part, out, path, late)
-        self.runs.record(part, "computed", path, out.metrics)
+        closing = conclude(self.runs, self.cfg, part, path, "computed", out, record["machine"])
         log.info(f"[{part}] {self.cfg.pair.name}: wrote {path}" + ("" if logged else " (not logged to MLflow)"))
-        for line in out.summary:
+        for line in out.summary + closing:
             log.info(f"[{part}] {line}")
 
 

@@ -40,16 +40,36 @@ def sweep_metrics(table: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def best_per_kind(verdicts: list[dict]) -> list[str]:
+    """A sweep's answer: per kind, the fastest configuration over every job's verdict (jobs.py's record), with its
+    interval, verdict, job and trust."""
+    best: dict[str, dict] = {}
+    for v in verdicts:
+        if v["kind"] not in best or v["speedup"] > best[v["kind"]]["speedup"]:
+            best[v["kind"]] = v
+    lines = []
+    for kind, v in best.items():
+        interval = (f"{v['level']:.0%} interval {v['lo']:.2f}-{v['hi']:.2f}" if v["lo"] == v["lo"]
+                    else "too few runs for an interval")
+        trust = "" if v["trust"] in ("ok", "-") else f", NOT TRUSTED ({v['trust']})"
+        lines.append(f"best for {kind}: {v['config']} x{v['speedup']:.2f} ({interval}, {v['runs']} runs) in job "
+                     f"{v['job']}: {v['verdict']}{trust}")
+    return lines
+
+
 def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Read every job's record under ``sweep_dir``, log one table across the jobs and where to see them."""
-    rows = []
+    rows, verdicts = [], []
     for path in sorted(sweep_dir.glob(f"*/{RECORD}"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
         record = json.loads(path.read_text())
         for part in record["parts"]:
             rows.append({"job": record["job"], "stage": part["stage"], "status": part["status"],
-                         "overrides": record["overrides"], "headline": part["headline"], "file": part["file"],
+                         "trust": part.get("trust") or "-", "overrides": record["overrides"],
+                         "headline": part["headline"], "file": part["file"],
                          **{k: part.get(k, float("nan")) for k in SWEEP_METRICS}})
-    table = pd.DataFrame(rows, columns=["job", "stage", "status", "overrides", "headline", "file", *SWEEP_METRICS])
+            verdicts += [{**v, "job": record["job"], "trust": part.get("trust") or "-"} for v in part.get("verdicts") or []]
+    table = pd.DataFrame(rows, columns=["job", "stage", "status", "trust", "overrides", "headline", "file",
+                                        *SWEEP_METRICS])
     # The overrides every job shares say nothing about a row: keep what the sweep varied.
     common = set.intersection(*(set(o.split()) for o in table.overrides)) if len(table) else set()
     table["overrides"] = [" ".join(t for t in o.split() if t not in common) for o in table.overrides]
@@ -58,6 +78,12 @@ def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = 
         lines += table.drop(columns=["file", *SWEEP_METRICS]).to_markdown(index=False).splitlines()
         counts = table.status.value_counts().to_dict()
         lines.append("status: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        untrusted = table[~table.trust.isin(["ok", "-"])]
+        if len(untrusted):
+            lines.append(f"NOT TRUSTED: jobs {', '.join(str(j) for j in untrusted.job.unique())} "
+                         f"({', '.join(sorted(set(untrusted.trust)))}): their numbers above may be wrong; rerun them "
+                         "on a quiet machine")
+        lines += best_per_kind(verdicts)
     if tracker is not None and parent is not None:
         lines.append(f"MLflow: experiment {tracker.experiment!r} at {redact(tracker.uri)}, parent run {parent} (its child runs "
                      "are the jobs; a speed job's children are its arms). Browse with "

@@ -36,10 +36,22 @@ def test_drift_check_boundary():
 
 
 def test_load_check_boundary():
-    assert trust.check_load([0.5, 2.0, 1.0], 2) is None
-    failed = trust.check_load([0.5, 2.01, 1.0], 2)
-    assert failed.name == "load" and "2.01" in failed.reason and "2 usable cores" in failed.reason
+    """Without own threads the limit is the cores plus the tolerance; exactly at it passes."""
+    assert trust.check_load([0.5, 2.5, 1.0], 2) is None
+    failed = trust.check_load([0.5, 2.51, 1.0], 2)
+    assert failed.name == "load" and "2.51" in failed.reason and "2 usable cores" in failed.reason
     assert trust.check_load([], 2) is None
+
+
+def test_load_check_discounts_the_jobs_own_threads():
+    """A job of two threads on two idle cores reads about 2: its own load is no warning; a second busy process
+    (one more thread) is, and so is half a thread more than the cores the job leaves free."""
+    assert trust.check_load([2.06], 2, own_threads=2) is None
+    failed = trust.check_load([3.1], 2, own_threads=2)
+    assert failed.name == "load" and "1.10 beyond its own 2 threads" in failed.reason
+    assert trust.check_load([4.0], 16, own_threads=2) is None  # 14 cores left free
+    assert trust.check_load([16.6], 16, own_threads=2) is not None
+    assert trust.check_load([4.4], 2, own_threads=4) is None  # an oversubscribed job's own threads are its own
 
 
 def test_runs_check_boundary():

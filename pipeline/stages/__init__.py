@@ -26,6 +26,7 @@ class ArmResult:
     name: str
     params: dict[str, Any]
     metrics: dict[str, float]
+    label: str = ""  # the configuration in a reader's words (``draft model k=4``), for the job's closing verdict
 
 
 @dataclass

@@ -164,7 +164,8 @@ def speedup_text(m: dict[str, float]) -> str:
     """The speed-up with its interval, or the number of runs when they are too few for one."""
     if m["speedup_lo"] != m["speedup_lo"]:
         return f"speed-up {m['speedup']:.2f} (n={int(m['runs'])}, no interval)"
-    return (f"speed-up {m['speedup']:.2f} (95% CI {m['speedup_lo']:.2f}-{m['speedup_hi']:.2f}, "
+    level = m.get("level", DEFAULT_LEVEL)
+    return (f"speed-up {m['speedup']:.2f} ({level:.0%} CI {m['speedup_lo']:.2f}-{m['speedup_hi']:.2f}, "
             f"IQR {m['speedup_q25']:.2f}-{m['speedup_q75']:.2f}, n={int(m['runs'])})")
 
 

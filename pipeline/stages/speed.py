@@ -200,7 +200,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
                  **(engine_counts(s) if "engine" in s and (s.engine != "speclab").all() else {}),
-                 **({"tree_nodes": s.tree_nodes.mean()} if arm.is_tree else {})}))
+                 **({"tree_nodes": s.tree_nodes.mean()} if arm.is_tree else {})}, arm.label))
     drift = max(max(a / b, b / a) for a, b in zip(after, before))
     metrics = {"plain_tokens_per_s": plain.tokens_per_s.median(), "identical_share": spec.identical_to_plain.mean(),
                "drift_ratio": drift,

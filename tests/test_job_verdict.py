@@ -1,0 +1,72 @@
+"""A speed job ends with its answer per kind (pipeline/job_verdict.py), and a sweep's closing table carries each
+job's trust state and the best configuration per kind over its jobs (pipeline/summary.py)."""
+import json
+import math
+
+from pipeline.job_verdict import as_records, kind_verdicts, verdict_lines
+from pipeline.stages import ArmResult
+from pipeline.summary import RECORD, multirun_summary
+
+NAN = math.nan
+
+
+def _arm(label, kind, speedup, lo, hi, runs=8):
+    return ArmResult(f"run {label} {kind}", {"kind": kind},
+                     {"speedup": speedup, "speedup_lo": lo, "speedup_hi": hi, "runs": runs, "level": 0.95}, label)
+
+
+ARMS = [_arm("draft model k=2", "code", 1.21, 1.10, 1.30), _arm("draft model k=4", "code", 1.34, 1.20, 1.45),
+        _arm("draft model k=4", "prose", 0.84, 0.73, 0.98), _arm("prompt lookup k=4", "prose", 0.97, 0.90, 1.05),
+        _arm("draft model k=4", "structured", 1.40, NAN, NAN, runs=2), _arm("draft model k=4", "all", 1.2, 1.0, 1.3)]
+
+
+def test_each_kind_gets_its_fastest_arm_and_verdict():
+    """Per kind the highest median speed-up wins; pooled 'all' is left out when kinds exist."""
+    got = {v.kind: (v.config, v.verdict) for v in kind_verdicts(ARMS)}
+    assert got == {"code": ("draft model k=4", "speculate"), "prose": ("prompt lookup k=4", "use plain"),
+                   "structured": ("draft model k=4", "too few runs (2 of 6)")}
+
+
+def test_a_job_of_one_kind_answers_for_it():
+    assert [v.kind for v in kind_verdicts([_arm("draft model k=4", "all", 1.2, 1.1, 1.3)])] == ["all"]
+
+
+def test_closing_lines_say_interval_or_its_absence_trust_and_machine():
+    lines = verdict_lines(kind_verdicts(ARMS), "load", "Some CPU, 2 cores")
+    assert lines[0] == "verdict code: draft model k=4 x1.34 (95% interval 1.20-1.45, 8 runs): speculate"
+    assert lines[2] == ("verdict structured: draft model k=4 x1.40 (too few runs for an interval, 2 runs): "
+                        "too few runs (2 of 6)")
+    assert lines[-1].startswith("trust: NOT TRUSTED (load") and "Some CPU, 2 cores" in lines[-1]
+    assert verdict_lines(kind_verdicts(ARMS), "ok", "m")[-1].startswith("trust: ok; measured on m")
+    assert verdict_lines([], "ok", "m") == []
+
+
+def _sweep(tmp_path, jobs):
+    for job, (trust, arms) in enumerate(jobs):
+        folder = tmp_path / str(job)
+        folder.mkdir()
+        record = {"job": job, "overrides": f"k={job + 2} pair=tiny_random", "parts": [
+            {"stage": "speed", "status": "computed", "file": "", "headline": "speedup 1.2", "trust": trust,
+             "verdicts": as_records(kind_verdicts(arms))}]}
+        (folder / RECORD).write_text(json.dumps(record))
+
+
+def test_sweep_table_has_trust_and_the_best_per_kind_over_jobs(tmp_path, capsys):
+    """The trust column shows each job's state, untrusted jobs are named under the table, and the best per kind
+    is taken over every job's verdicts."""
+    _sweep(tmp_path, [("ok", ARMS[:2]), ("load,drift", [_arm("draft model k=6", "code", 1.5, 1.05, 1.9)])])
+    table, lines = multirun_summary(tmp_path)
+    assert list(table.trust) == ["ok", "load,drift"]
+    text = "\n".join(lines)
+    assert "| trust " in lines[1] and "NOT TRUSTED: jobs 1 (load,drift)" in text
+    assert ("best for code: draft model k=6 x1.50 (95% interval 1.05-1.90, 8 runs) in job 1: speculate, "
+            "NOT TRUSTED (load,drift)") in text
+
+
+def test_sweep_of_records_without_trust_still_reads(tmp_path):
+    """Records written before trust and verdicts joined them show '-' and no best line."""
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / RECORD).write_text(json.dumps({"job": 0, "overrides": "k=2", "parts": [
+        {"stage": "speed", "status": "computed", "file": "", "headline": ""}]}))
+    table, lines = multirun_summary(tmp_path)
+    assert list(table.trust) == ["-"] and not any(line.startswith("best for") for line in lines)
