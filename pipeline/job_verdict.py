@@ -29,10 +29,11 @@ class KindVerdict:
     level: float
     verdict: str  # speculate, unclear, use plain or too few runs (n of N)
 
-    def text(self) -> str:
+    def text(self, where: str = "") -> str:
+        """``draft model k=4 x1.34 (95% interval 1.20-1.45, 8 runs)<where>: speculate``."""
         interval = (f"{self.level:.0%} interval {self.lo:.2f}-{self.hi:.2f}" if self.lo == self.lo
                     else "too few runs for an interval")
-        return f"{self.config} x{self.speedup:.2f} ({interval}, {self.runs} runs): {self.verdict}"
+        return f"{self.config} x{self.speedup:.2f} ({interval}, {self.runs} runs){where}: {self.verdict}"
 
 
 def kind_verdicts(arms: list[ArmResult]) -> list[KindVerdict]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.job_verdict import KindVerdict
 from pipeline.redact import redact
 
 RECORD = "speclab_job.json"  # written by each job into its Hydra output folder
@@ -41,19 +42,17 @@ def sweep_metrics(table: pd.DataFrame) -> dict[str, float]:
 
 
 def best_per_kind(verdicts: list[dict]) -> list[str]:
-    """A sweep's answer: per kind, the fastest configuration over every job's verdict (jobs.py's record), with its
-    interval, verdict, job and trust."""
+    """A sweep's answer: per kind, the fastest configuration over every job's verdict (``as_records`` of
+    pipeline/job_verdict.py, with the job and its trust), with its interval, verdict, job and trust."""
     best: dict[str, dict] = {}
     for v in verdicts:
         if v["kind"] not in best or v["speedup"] > best[v["kind"]]["speedup"]:
             best[v["kind"]] = v
     lines = []
     for kind, v in best.items():
-        interval = (f"{v['level']:.0%} interval {v['lo']:.2f}-{v['hi']:.2f}" if v["lo"] == v["lo"]
-                    else "too few runs for an interval")
+        text = KindVerdict(**{k: v[k] for k in KindVerdict.__dataclass_fields__}).text(f" in job {v['job']}")
         trust = "" if v["trust"] in ("ok", "-") else f", NOT TRUSTED ({v['trust']})"
-        lines.append(f"best for {kind}: {v['config']} x{v['speedup']:.2f} ({interval}, {v['runs']} runs) in job "
-                     f"{v['job']}: {v['verdict']}{trust}")
+        lines.append(f"best for {kind}: {text}{trust}")
     return lines
 
 
