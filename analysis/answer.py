@@ -236,6 +236,11 @@ class Answer:
     not_to_use: pd.DataFrame
     provenance: pd.DataFrame
 
+    def only(self, campaign: str) -> "Answer":
+        """The rows of one campaign (empty tables where the answer does not hold it)."""
+        return Answer(*(t[t.campaign == campaign] if "campaign" in t else t.iloc[:0]
+                        for t in (self.best, self.candidates, self.not_to_use, self.provenance)))
+
 
 def _x(v: float) -> str:
     return "" if v != v else f"{v:.2f}"

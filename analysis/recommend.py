@@ -262,11 +262,15 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="also store the tables in the analysis folder")
     args = ap.parse_args()
     params = load_params()
-    # First the answer over every published campaign (analysis.answer), then this campaign's plan and its check.
+    # First the answer (analysis.answer): over every published campaign, or only the asked campaign's rows; then
+    # the campaign's plan and its check.
     ans = read_answer(params["analysis_dir"])
-    print(render_text(ans) if ans is not None else
-          "(no answer yet: run `python -m analysis.answer` or `dvc repro` for the one-screen summary)")
-    print()
+    if ans is None:
+        print("(no answer yet: run `python -m analysis.answer` or `dvc repro` for the one-screen summary)\n")
+    elif args.campaign is None:
+        print(render_text(ans) + "\n")
+    elif len(ans.only(args.campaign).best):
+        print(render_text(ans.only(args.campaign)) + "\n")
     boot = bootstrap_settings(params)
     campaign = args.campaign or latest_campaign(params["outputs_dir"])
     rec = recommendation(params["outputs_dir"], campaign, boot)

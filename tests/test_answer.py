@@ -233,13 +233,26 @@ def test_numbers_carry_their_campaign_and_no_internal_words(name):
     assert name != "report.md" or "## Why numbers differ between sections" in text
 
 
-def test_recommend_prints_the_answer_first():
-    out = subprocess.run([sys.executable, "-m", "analysis.recommend", "--campaign", "timemodel2"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+def test_recommend_prints_only_the_asked_campaign():
+    """--campaign X prints X's rows of the answer (none when the answer does not hold X), then X's plan: never
+    another campaign's answer."""
     ans = read_answer(REPO / "outputs" / "analysis")
-    assert out.stdout.startswith(render_text(ans))
-    assert "\ncampaign timemodel2\n" in out.stdout
+    for campaign in ("timemodel2", "qwen25"):
+        out = subprocess.run([sys.executable, "-m", "analysis.recommend", "--campaign", campaign], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        mine = ans.only(campaign)
+        assert out.stdout.startswith(f"campaign {campaign}\n" if mine.best.empty else render_text(mine))
+        assert f"\ncampaign {campaign}\n" in "\n" + out.stdout
+        others = set(ans.best.campaign) - {campaign}
+        assert not [c for c in others if f"| {c} " in out.stdout or f"campaign {c}" in out.stdout]
+
+
+def test_answer_of_one_campaign_keeps_only_its_rows():
+    ans = read_answer(REPO / "outputs" / "analysis")
+    mine = ans.only("trees")
+    assert set(mine.best.campaign) == {"trees"} and set(mine.provenance.campaign) == {"trees"}
+    assert ans.only("no such campaign").best.empty
 
 
 def test_render_without_rows_says_how_to_make_it():
