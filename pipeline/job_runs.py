@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from pipeline.job_verdict import as_records, kind_verdicts
+from pipeline.job_verdict import as_records, conclude
 from pipeline.jobs import run_identity, run_params
 from pipeline.redact import redact
 from pipeline.stages import ArmResult, StageOutput, stage_module
@@ -123,8 +123,8 @@ class JobRuns:
                                     self.parent())
         if self.finish(run_id, part, out, path, format_tags(meta.get("prompt_format"))):
             log.info(f"[{part}] {path} was complete but had no finished MLflow run: logged it from the file")
-        self.record(part, "logged from file", path, out.metrics, (run_trust(out.rows) or ("", ""))[0],
-                    kind_verdicts(out.arms) if part == "speed" else [])
+        for line in conclude(self, self.cfg, part, path, "logged from file", out):
+            log.info(f"[{part}] {line}")
 
     def record(self, part: str, status: str, path: Path, metrics: dict | None = None, trust: str = "",
                verdicts: list | None = None) -> None:
