@@ -269,8 +269,8 @@ def main() -> None:
         print("(no answer yet: run `python -m analysis.answer` or `dvc repro` for the one-screen summary)\n")
     elif args.campaign is None:
         print(render_text(ans) + "\n")
-    elif len(ans.only(args.campaign).best):
-        print(render_text(ans.only(args.campaign)) + "\n")
+    elif len((mine := ans.only(args.campaign)).best):
+        print(render_text(mine) + "\n")
     boot = bootstrap_settings(params)
     campaign = args.campaign or latest_campaign(params["outputs_dir"])
     rec = recommendation(params["outputs_dir"], campaign, boot)

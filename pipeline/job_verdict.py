@@ -6,8 +6,9 @@ trust column and its best-per-kind lines (pipeline/summary.py)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -16,6 +17,8 @@ from pipeline.stages import ArmResult, StageOutput, stage_module
 from pipeline.trust import run_trust
 from speclab.verdict import verdict
 from store.records import read_meta
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -36,15 +39,21 @@ class KindVerdict:
         return f"{self.config} x{self.speedup:.2f} ({interval}, {self.runs} runs){where}: {self.verdict}"
 
 
+def fastest_per_kind(items: list[T], kind: Callable[[T], str], speedup: Callable[[T], float]) -> dict[str, T]:
+    """Per kind, in the order kinds first appear, the item with the highest speed-up (the first of a tie)."""
+    best: dict[str, T] = {}
+    for item in items:
+        k = kind(item)
+        if k not in best or speedup(item) > speedup(best[k]):
+            best[k] = item
+    return best
+
+
 def kind_verdicts(arms: list[ArmResult]) -> list[KindVerdict]:
     """Per kind (every kind pooled only when the job has one), the arm with the highest median speed-up."""
     timed = [a for a in arms if "speedup" in a.metrics and a.metrics["speedup"] == a.metrics["speedup"]]
     kinds = [a for a in timed if a.params["kind"] != "all"] or timed
-    best: dict[str, ArmResult] = {}
-    for a in kinds:
-        kind = str(a.params["kind"])
-        if kind not in best or a.metrics["speedup"] > best[kind].metrics["speedup"]:
-            best[kind] = a
+    best = fastest_per_kind(kinds, lambda a: str(a.params["kind"]), lambda a: a.metrics["speedup"])
     out = []
     for kind, a in best.items():
         m = a.metrics

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.job_verdict import KindVerdict
+from pipeline.job_verdict import KindVerdict, fastest_per_kind
 from pipeline.redact import redact
 
 RECORD = "speclab_job.json"  # written by each job into its Hydra output folder
@@ -44,12 +44,8 @@ def sweep_metrics(table: pd.DataFrame) -> dict[str, float]:
 def best_per_kind(verdicts: list[dict]) -> list[str]:
     """A sweep's answer: per kind, the fastest configuration over every job's verdict (``as_records`` of
     pipeline/job_verdict.py, with the job and its trust), with its interval, verdict, job and trust."""
-    best: dict[str, dict] = {}
-    for v in verdicts:
-        if v["kind"] not in best or v["speedup"] > best[v["kind"]]["speedup"]:
-            best[v["kind"]] = v
     lines = []
-    for kind, v in best.items():
+    for kind, v in fastest_per_kind(verdicts, lambda v: v["kind"], lambda v: v["speedup"]).items():
         text = KindVerdict(**{k: v[k] for k in KindVerdict.__dataclass_fields__}).text(f" in job {v['job']}")
         trust = "" if v["trust"] in ("ok", "-") else f", NOT TRUSTED ({v['trust']})"
         lines.append(f"best for {kind}: {text}{trust}")
