@@ -259,8 +259,13 @@ def days(p: pd.Series) -> str:
 
 
 def machine(p: pd.Series) -> str:
+    """``measured on <CPU model, cores>`` as the results record it; a campaign whose jobs predate the record says so."""
     recorded = [m for m in str(getattr(p, "machines", NOT_RECORDED)).split("; ") if m and m != NOT_RECORDED]
-    return f"device {p.device}" + "".join(f", {m}" for m in recorded)
+    some_unrecorded = NOT_RECORDED in str(getattr(p, "machines", NOT_RECORDED)).split("; ")
+    named = " and ".join(recorded) if recorded else ""
+    if not named:
+        return f"on a {p.device} machine whose model is not recorded"
+    return f"on {named}" + (" (some jobs' machine not recorded)" if some_unrecorded else "")
 
 
 def _kinds(kinds) -> str:

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline.stages import ArmResult, StageOutput, stage_module
+from pipeline.job_arms import engine_name
+from pipeline.published import comparison_lines, read_published
 from pipeline.trust import run_trust
 from speclab.verdict import verdict
 from store.records import read_meta
@@ -90,4 +92,13 @@ def conclude(runs: Any, cfg: DictConfig, part: str, path: Path, status: str, out
     trust = (run_trust(out.rows) or ("", ""))[0]
     verdicts = kind_verdicts(out.arms) if part == "speed" else []
     runs.record(part, status, path, out.metrics, trust, verdicts)
-    return verdict_lines(verdicts, trust, machine or str(read_meta(path).get("machine") or "an unrecorded machine"))
+    lines = verdict_lines(verdicts, trust, machine or str(read_meta(path).get("machine") or "an unrecorded machine"))
+    return lines + (published_lines(cfg, out.arms) if verdicts else [])
+
+
+def published_lines(cfg: DictConfig, arms: list[ArmResult]) -> list[str]:
+    """This job beside the published answer for its pair: greedy runs of speclab's loop only (the published
+    answer is of that engine, and sampled runs generate other text)."""
+    if engine_name(cfg) != "speclab" or bool(OmegaConf.select(cfg, "sampling.do_sample")):
+        return []
+    return comparison_lines(read_published(cfg.outputs_dir), str(cfg.pair.name), arms)

@@ -7,6 +7,7 @@ MLflow run open from start to finish.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -15,7 +16,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, redirect_stdout
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -221,6 +222,21 @@ def _terminate(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+def user_help(text: str) -> str:
+    """Hydra's help without the typed schema's groups (``schema/...``): registered for the config's checks, they
+    are not options a user picks."""
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("schema/"))
+
+
+def print_user_help() -> None:
+    buf = io.StringIO()
+    try:
+        with redirect_stdout(buf):
+            main()
+    finally:  # Hydra ends its help with an exit
+        print(user_help(buf.getvalue()), end="", flush=True)
+
+
 def cli() -> None:
     """``main`` with bad input said in one line (no traceback); HYDRA_FULL_ERROR=1 keeps full traces."""
     from pipeline.secrets import lift
@@ -232,6 +248,8 @@ def cli() -> None:
         os.environ["SPECLAB_FULL_ERROR"] = "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us here instead of Hydra's printer
     signal.signal(signal.SIGTERM, _terminate)
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        return print_user_help()
     try:
         precheck(sys.argv[1:])
         main()

@@ -62,7 +62,7 @@ def check_load(loads: list[float], cores: int, own_threads: int = 0) -> Failed |
 
 def check_runs(runs: int, min_runs: int, what: str = "runs per arm") -> Failed | None:
     if runs < min_runs:
-        return Failed("runs", f"runs: {runs} {what}, fewer than the {min_runs} an interval needs")
+        return Failed("runs", f"runs: {runs} {what}, fewer than trust.min_runs = {min_runs}")
     return None
 
 

@@ -19,3 +19,20 @@ def verdict(speedup: float, lo: float, hi: float, runs: int | None = None, level
     if lo > 1:
         return SPECULATE
     return UNCLEAR
+
+
+HOLDS, DIFFERS = "holds", "differs"
+
+
+def agreement(published: float, lo: float, hi: float, runs: int | None = None, level: float = 0.95) -> str:
+    """Whether a published median holds on a new measurement: ``holds`` where it lies in the new interval,
+    ``differs (slower here)`` / ``differs (faster here)`` where the interval lies below / above it; no verdict
+    without an interval: ``too few runs here (n of N)``."""
+    if lo != lo:
+        have = "" if runs is None else f"{int(runs)} of "
+        return f"too few runs here ({have}{runs_needed(level)})"
+    if hi < published:
+        return f"{DIFFERS} (slower here)"
+    if lo > published:
+        return f"{DIFFERS} (faster here)"
+    return HOLDS

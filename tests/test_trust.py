@@ -57,7 +57,7 @@ def test_load_check_discounts_the_jobs_own_threads():
 def test_runs_check_boundary():
     assert trust.check_runs(3, 3) is None
     failed = trust.check_runs(2, 3)
-    assert failed.name == "runs" and "2 runs per arm" in failed.reason and "3 an interval needs" in failed.reason
+    assert failed.name == "runs" and "2 runs per arm" in failed.reason and "fewer than trust.min_runs = 3" in failed.reason
 
 
 def test_placement_check():
