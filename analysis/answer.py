@@ -4,7 +4,10 @@ how sure, and when not to speculate.
     python -m analysis.answer     (reads the speed results of the campaigns the report shows: params.yaml's
                                    campaign, pair_campaign, spec_bench_campaign and trees_campaign (the
                                    engines campaign has its own block: analysis.engines); writes
-                                   outputs/analysis/answer/*.parquet and the CSVs beside them)
+                                   outputs/analysis/answer/*.parquet and the CSVs beside them, one row per
+                                   campaign for `dvc metrics show` (outputs/metrics/<params key>.json:
+                                   campaign.json, pair_campaign.json, ...) and every answer's numbers in
+                                   outputs/metrics/detail/answer.json)
 
 The same summary opens outputs/report.md (analysis.report), is the first thing `python -m analysis.recommend`
 prints, and is the description of the `analysis-<campaign>` MLflow run (analysis.publish): all three call
@@ -39,7 +42,7 @@ from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
 from speclab.arms import ENGINE_NAMES, Arm
 from speclab.stats import median_ci, runs_needed
-from speclab.verdict import verdict
+from speclab.verdict import SPECULATE, UNCLEAR, USE_PLAIN, verdict
 from store import layout
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
@@ -417,13 +420,40 @@ VERDICT_METRICS = ("speedup", "speedup_lo", "speedup_hi", "precision", "runs", "
 
 
 def verdict_metrics(best: pd.DataFrame) -> dict:
-    """outputs/metrics/answer.json for ``dvc metrics``: per campaign, pair and kind, the verdict and how sure it is
-    (the speed-up, its interval and half its width, the runs and minutes it took, the level; null where none)."""
+    """outputs/metrics/detail/answer.json (``dvc metrics show outputs/metrics/detail/answer.json``): per campaign,
+    pair and kind, the verdict and how sure it is (the speed-up, its interval and half its width, the runs and
+    minutes it took, the level; null where none)."""
     out: dict = {}
     for r in best.itertuples():
         cell = {m: (None if getattr(r, m) != getattr(r, m) else round(float(getattr(r, m)), 4)) for m in VERDICT_METRICS}
         out.setdefault(r.campaign, {}).setdefault(r.pair, {})[r.kind] = {"best": r.best, **cell, "verdict": r.verdict}
     return out
+
+
+def _r4(value: float) -> float | None:
+    return None if value != value else round(float(value), 4)
+
+
+def headline_row(best: pd.DataFrame, campaign: str) -> dict:
+    """One campaign's row of ``dvc metrics show`` (outputs/metrics/<params key>.json): how many pair x kind answers,
+    how many say speculate, unclear, use plain or too few runs, and over them the highest speed-up, the highest
+    lower bound of a 95% interval (what one can be sure of) and the median speed-up; a value with no answer behind
+    it is left out (`-` in the table)."""
+    rows = best[best.campaign == campaign]
+    said = rows.verdict.astype(str)
+    row = {"campaign": campaign, "pairs": int(rows.pair.nunique()), "answers": len(rows),
+           "speculate": int((said == SPECULATE).sum()), "unclear": int((said == UNCLEAR).sum()),
+           "use_plain": int((said == USE_PLAIN).sum()), "too_few": int(said.str.startswith("too few runs").sum()),
+           "speedup_max": _r4(rows.speedup.max()), "speedup_lo_max": _r4(rows.speedup_lo.max()),
+           "speedup_median": _r4(rows.speedup.median())}
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def headline_rows(best: pd.DataFrame, params: dict) -> dict[str, dict]:
+    """Per params.yaml key of a campaign the report shows (CAMPAIGN_KEYS), its ``headline_row``: one small file
+    each, so that ``dvc metrics show`` is one short table, a row per campaign, and ``dvc metrics diff`` lines the
+    rows up from commit to commit."""
+    return {key: headline_row(best, params[key]) for key in CAMPAIGN_KEYS if params.get(key)}
 
 
 def main() -> None:
@@ -434,7 +464,9 @@ def main() -> None:
         save_table(df, out / f"{name.removeprefix('answer_')}.parquet")
     save_csv(ans.candidates, out / "candidates.csv")
     save_csv(ans.not_to_use, out / "not_to_use.csv")
-    save_json(verdict_metrics(ans.best), Path(params["metrics_dir"]) / "answer.json")
+    save_json(verdict_metrics(ans.best), Path(params["metrics_dir"]) / "detail" / "answer.json")
+    for key, row in headline_rows(ans.best, params).items():
+        save_json(row, Path(params["metrics_dir"]) / f"{key}.json")
     print(render_text(ans))
 
 

@@ -2,7 +2,7 @@
 
     python -m analysis.batch   (reads the published campaign's batch and acceptance results; writes
                                 outputs/analysis/batch_costs.parquet, batch_speedups.parquet,
-                                batch_model_error.parquet, outputs/metrics/batch.json and two figures)
+                                batch_model_error.parquet, outputs/metrics/detail/batch.json and two figures)
 
 Two predictions of each batched speed-up:
 - the chapter's formula at B: costs in units of one batched target step T(B, 1) (B rows, one new
@@ -252,7 +252,7 @@ def main() -> None:
     save_table(costs, out / "batch_costs.parquet")
     save_table(speed, out / "batch_speedups.parquet")
     save_table(errors, out / "batch_model_error.parquet")
-    save_json(error_metrics(errors, campaign), Path(params["metrics_dir"]) / "batch.json")
+    save_json(error_metrics(errors, campaign), Path(params["metrics_dir"]) / "detail" / "batch.json")
     for name, fig in figures.items():
         save_figure(fig, figs / name)
     print(errors[["pair", "batch_size", "points", "formula_mae", "formula_max", "time_model_mae", "time_model_max",

@@ -2,7 +2,7 @@
 
     python -m analysis.engines     (reads outputs/campaigns/<engines_campaign>/ speed and timing results; writes
                                     outputs/analysis/engines/{summary,predictions,transfer}.parquet and .csv,
-                                    outputs/analysis/engines/section.md, outputs/metrics/engines.json)
+                                    outputs/analysis/engines/section.md, outputs/metrics/detail/engines.json)
 
 Per pair, engine and kind (``summary``): plain decoding's tokens/s (median of the plain runs), the best greedy
 configuration (the highest median speed-up over the adjacent plain run, as in analysis.answer; for llama.cpp
@@ -440,7 +440,7 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str) -> str:
 
 
 def metrics(tables: dict[str, pd.DataFrame]) -> dict:
-    """outputs/metrics/engines.json: per pair, engine and kind the headline numbers; per engine the prediction's
+    """outputs/metrics/detail/engines.json: per pair, engine and kind the headline numbers; per engine the prediction's
     mean absolute error; per direction the transfer's."""
     out: dict = {}
     for r in tables["summary"].itertuples():
@@ -494,7 +494,7 @@ def main() -> None:
     for name, df in tables.items():
         save_table(df, out / f"{name}.parquet")
         save_csv(df, out / f"{name}.csv")
-    save_json(metrics(tables), Path(params["metrics_dir"]) / "engines.json")
+    save_json(metrics(tables), Path(params["metrics_dir"]) / "detail" / "engines.json")
     text = markdown(tables, campaign)
     atomic_write_text(out / "section.md", text)
     print(text)

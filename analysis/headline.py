@@ -1,8 +1,10 @@
-"""The headline numbers: outputs/metrics/headline.json for `dvc metrics`, and as plain text on stdout.
+"""The fit's numbers per pair: outputs/metrics/detail/headline.json, and as plain text on stdout.
 
     python -m analysis.headline    (reads outputs/analysis/*.parquet; a `dvc repro` stage)
 
-headline.json holds, per pair (keys stay the same from commit to commit so `dvc metrics diff` lines up):
+headline.json holds, per pair (keys stay the same from commit to commit so
+`dvc metrics diff --targets outputs/metrics/detail/headline.json` lines up; `dvc metrics show` itself shows the answer's
+short table, analysis.answer.headline_row):
 - ``best_k.<kind>`` and ``speedup_at_best_k.<kind>``: the fixed k with the highest measured speed-up
   (median of adjacent-run ratios, greedy, draft model) and that speed-up (its interval is in
   outputs/analysis/speed_points.parquet and the plots);
@@ -116,7 +118,7 @@ def main() -> None:
     alpha_k = int((params.get("headline") or {}).get("alpha_k", 4))
     metrics = headline_metrics(campaign, points, acc, alpha_k)
     print_tables(params, out, campaign)
-    path = save_json(metrics, Path(params["metrics_dir"]) / "headline.json")
+    path = save_json(metrics, Path(params["metrics_dir"]) / "detail" / "headline.json")
     print(f"analysis.headline: wrote {path}")
 
 

@@ -7,7 +7,8 @@
 The run goes to the experiment and tracking store of params.yaml's ``mlflow:`` section, tagged
 ``stage=analysis`` and ``campaign`` (MLflow adds ``mlflow.source.git.commit``), described by the answer on
 one screen (analysis.answer; the report's first screen), with params.yaml
-flattened as params, headline.json's numbers as metrics (the dotted keys `dvc metrics show` prints),
+flattened as params, outputs/metrics/detail/headline.json's numbers as metrics (the dotted keys
+`dvc metrics show outputs/metrics/detail/headline.json` prints),
 every figure, report.md and its appendix as artifacts, and the key tables through ``mlflow.log_table``.
 
 Logging is a side effect, not a DVC output: this stage writes nothing into the workspace, so a
@@ -51,7 +52,7 @@ def publish(params: dict) -> str | None:
         return None
     figs, metrics_dir = Path(params["figures_dir"]), Path(params["metrics_dir"])
     reports = [Path(params["outputs_dir"]) / name for name in ("report.md", "report_appendix.md")]
-    headline = metrics_dir / "headline.json"
+    headline = metrics_dir / "detail" / "headline.json"
     try:
         with quick_http():
             import mlflow

@@ -2,7 +2,7 @@
 
     python -m analysis.spec_bench     (reads outputs/campaigns/<spec_bench_campaign>/, writes
                                        outputs/analysis/spec_bench_table.parquet, outputs/analysis/spec_bench/,
-                                       outputs/metrics/spec_bench.json)
+                                       outputs/metrics/detail/spec_bench.json)
 
 Spec-Bench (Xia et al., Findings of ACL 2024) reports a method's speed-up as the mean over questions of its
 tokens/s over the mean of the baseline's, from runs taken at different times. speclab's is the median of
@@ -160,7 +160,7 @@ def main() -> None:
     out = Path(params["analysis_dir"])
     save_table(table, out / "spec_bench_table.parquet")
     save_table(check, out / "spec_bench" / "recommendation_check.parquet")
-    save_json(metrics(table) if not table.empty else {}, Path(params["metrics_dir"]) / "spec_bench.json")
+    save_json(metrics(table) if not table.empty else {}, Path(params["metrics_dir"]) / "detail" / "spec_bench.json")
     atomic_write_text(out / "spec_bench" / "section.md", text)
     print(text)
 

@@ -303,7 +303,7 @@ def main() -> None:
                       for col, label in PREDICTORS.items()], ignore_index=True)
     save_csv(long.assign(series=long.kind)[["series", "kind", "predictor", "k", "predicted", "measured"]],
              Path(params["metrics_dir"]) / "plots" / "time_model_predictions.csv")
-    save_json(metrics, Path(params["metrics_dir"]) / "time_model.json")
+    save_json(metrics, Path(params["metrics_dir"]) / "detail" / "time_model.json")
     for name, fig in figures.items():
         save_figure(fig, figs / name)
     print(errors.to_string(index=False))

@@ -1,7 +1,7 @@
 """Tree-shaped drafts against chains: tokens per pass, acceptance per depth, speed-ups, and the pass-time curve.
 
     python -m analysis.trees     (reads outputs/campaigns/<trees_campaign>/, writes outputs/analysis/trees/,
-                                  outputs/figures/tree_pass_curve.png, outputs/metrics/trees.json)
+                                  outputs/figures/tree_pass_curve.png, outputs/metrics/detail/trees.json)
 
 Speed rows (``+sweep=trees``): plain, chains and trees in the same rotated blocks. Per pair, kind (and all
 kinds) and configuration: runs, mean tree nodes (a chain's k), the mean width of the target's pass (new
@@ -278,7 +278,7 @@ def main() -> None:
     dtypes = dict(zip(speed.pair, speed.dtype)) if not speed.empty else {}
     if len(curve):
         figure(curve, dtypes, Path(params["figures_dir"]) / "tree_pass_curve.png")
-    save_json(metrics(comp) if len(comp) else {}, Path(params["metrics_dir"]) / "trees.json")
+    save_json(metrics(comp) if len(comp) else {}, Path(params["metrics_dir"]) / "detail" / "trees.json")
     text = markdown(campaign, arms, comp, curve)
     atomic_write_text(out / "section.md", text)
     print(text)

@@ -36,7 +36,7 @@ def test_analysis_scripts_produce_report(tmp_path, monkeypatch):
                     "distribution_rejections.png"}  # exactly the names dvc.yaml declares
     assert {p.name for p in (outputs / "metrics" / "plots").glob("*.csv")} == {
         "speed_points.csv", "speed_predictions.csv", "alpha_by_k.csv", "step_time.csv"}
-    metrics = json.loads((outputs / "metrics" / "headline.json").read_text())
+    metrics = json.loads((outputs / "metrics" / "detail" / "headline.json").read_text())
     assert metrics["campaign"] == "e2e"
     assert set(metrics["tiny_random"]) == {"best_k", "speedup_at_best_k", "alpha_at_k2", "mae_iid",
                                            "mae_empirical_overhead"}

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.answer import (Answer, best_table, candidates, difference_ci, not_to_use, paired_difference,
-                             read_answer, render, render_text)
+from analysis.answer import (Answer, best_table, candidates, difference_ci, headline_row, headline_rows, not_to_use,
+                             paired_difference, read_answer, render, render_text)
 from analysis.common import bootstrap_ci
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +75,22 @@ def test_best_runner_up_difference_and_verdict_on_hand_made_runs(hand_made):
     assert ("prose", "draft model k=2", "T=0.7") in set(zip(lose.kind, lose.config, lose.setting))  # sampling too
     assert ("code", "draft model k=4", "T=1") not in set(zip(lose.kind, lose.config, lose.setting))
 
+
+
+def test_headline_row_counts_the_verdicts_of_one_campaign(hand_made):
+    """`dvc metrics show`'s row of a campaign (outputs/metrics/<params key>.json): counts and three speed-ups."""
+    other = runs("d", "q", "code", "draft model k=4", [2.0] * 7)
+    data = pd.concat([hand_made, other], ignore_index=True)
+    best = best_table(data, candidates(data, BOOT), BOOT)
+    row = headline_row(best, "c")
+    # code: the one-run tree (too few), prose: use plain, structured: four runs (too few)
+    assert row == {"campaign": "c", "pairs": 1, "answers": 3, "speculate": 0, "unclear": 0, "use_plain": 1,
+                   "too_few": 2, "speedup_max": 3.0, "speedup_lo_max": pytest.approx(0.90),
+                   "speedup_median": pytest.approx(1.45)}
+    assert headline_row(best, "nothing") == {"campaign": "nothing", "pairs": 0, "answers": 0, "speculate": 0,
+                                             "unclear": 0, "use_plain": 0, "too_few": 0}  # no speed-up: left out
+    rows = headline_rows(best, {"campaign": "c", "pair_campaign": "d", "trees_campaign": ""})
+    assert list(rows) == ["campaign", "pair_campaign"] and rows["pair_campaign"]["speculate"] == 1
 
 def test_difference_interval_by_hand():
     # seven runs each: each median's 97.5% interval is the range of its runs

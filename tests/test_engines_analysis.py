@@ -212,7 +212,7 @@ def test_absent_campaign_is_not_measured_and_the_stage_succeeds(tmp_path):
     assert done.returncode == 0, done.stderr
     section = (tmp_path / "outputs/analysis/engines/section.md").read_text()
     assert "Not measured: campaign **nothing_here**" in section
-    assert json.loads((tmp_path / "outputs/metrics/engines.json").read_text()) == {}
+    assert json.loads((tmp_path / "outputs/metrics/detail/engines.json").read_text()) == {}
     assert pd.read_parquet(tmp_path / "outputs/analysis/engines/summary.parquet").empty
 
 
