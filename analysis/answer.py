@@ -351,8 +351,10 @@ def render(ans: Answer, heading: str = "##") -> list[str]:
         prov = per_campaign(ans.provenance, list(dict.fromkeys(b.campaign)))
         s.append("**Measured**: " + "; ".join(f"{p.campaign} {days(p)}, {machine(p)}, commit{'s' if ',' in p.commits else ''} "
                                               f"{p.commits.replace(',', ', ')}" for p in prov.itertuples())
-                 + (f" ({UNRECORDED})" if prov.machines.str.contains(NOT_RECORDED).any() else "") + ". Every later section names its campaign; *Why numbers differ between sections* "
-                 "says why the same configuration measures differently in two of them.\n")
+                 + (f" ({UNRECORDED})" if prov.machines.str.contains(NOT_RECORDED).any() else "") + ". Speed-ups hold for the machine that measured them: `python -m pipeline.recheck pair=<pair>` reruns a "
+                 "pair's best configurations on yours and says, per kind, whether each holds. Every later section names "
+                 "its campaign; *Why numbers differ between sections* says why the same configuration measures "
+                 "differently in two of them.\n")
     return s
 
 

@@ -53,6 +53,25 @@ def interrupted_line(err: KeyboardInterrupt) -> tuple[str, int]:
             "rerun the same command to do the rest"), 128 + int(signum)
 
 
+def quiet_interrupts() -> None:
+    """Ctrl-C in a terminal reaches the process wherever it is: in a finalizer or a thread Python would print
+    "Exception ignored" with a full traceback and go on. The entry point's one line says it instead."""
+    import sys
+    import threading
+
+    unraisable, in_thread = sys.unraisablehook, threading.excepthook
+
+    def quiet_unraisable(u) -> None:
+        if not isinstance(u.exc_value, KeyboardInterrupt):
+            unraisable(u)
+
+    def quiet_thread(args) -> None:
+        if not issubclass(args.exc_type, KeyboardInterrupt):
+            in_thread(args)
+
+    sys.unraisablehook, threading.excepthook = quiet_unraisable, quiet_thread
+
+
 def _collapse(text: str) -> str:
     return " ".join(str(text).split())
 

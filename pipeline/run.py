@@ -28,7 +28,7 @@ from omegaconf import DictConfig  # noqa: E402
 from pipeline.config_schema import ConfigError, check_config, register  # noqa: E402
 from pipeline.context import StageContext, build_context, load_job_prompts, set_threads  # noqa: E402
 from pipeline.engine_checks import check_engine  # noqa: E402
-from pipeline.errors import Interrupted, JobEnded, error_line, interrupted_line, precheck  # noqa: E402
+from pipeline.errors import Interrupted, JobEnded, error_line, interrupted_line, precheck, quiet_interrupts  # noqa: E402
 from pipeline.job_inputs import freeze  # noqa: E402
 from pipeline.job_runs import JobRuns, format_tags  # noqa: E402
 from pipeline.job_verdict import conclude  # noqa: E402
@@ -248,12 +248,14 @@ def cli() -> None:
         os.environ["SPECLAB_FULL_ERROR"] = "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us here instead of Hydra's printer
     signal.signal(signal.SIGTERM, _terminate)
+    quiet_interrupts()
     if any(a in ("--help", "-h") for a in sys.argv[1:]):
         return print_user_help()
     try:
         precheck(sys.argv[1:])
         main()
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM, in a job or a multirun: one line, 130 or 143
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup into a traceback
         end_open_parent("KILLED")
         if full:
             raise

@@ -53,3 +53,28 @@ def test_help_lists_what_a_user_picks_not_the_schemas_groups():
     assert res.returncode == 0, res.stderr
     groups = res.stdout.split("== Config groups")[1].split("== Config (")[0]
     assert "schema/" not in groups and "\npair: " in groups and "\nsweep: " in groups
+
+
+QUIET = """
+import sys, threading
+{install}
+class Finalized:
+    def __del__(self):
+        raise KeyboardInterrupt
+Finalized()
+def interrupted():
+    raise KeyboardInterrupt
+t = threading.Thread(target=interrupted); t.start(); t.join()
+print("went on")
+"""
+
+
+def test_a_ctrl_c_landing_in_a_finalizer_or_a_thread_prints_no_traceback():
+    def run(install: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", QUIET.format(install=install)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+
+    loud = run("")
+    assert "Traceback" in loud.stderr and "KeyboardInterrupt" in loud.stderr  # what Python does on its own
+    quiet = run("from pipeline.errors import quiet_interrupts; quiet_interrupts()")
+    assert quiet.stderr == "" and quiet.stdout == "went on\n"
