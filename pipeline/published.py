@@ -50,8 +50,8 @@ def pair_campaign(answer, pair: str) -> str | None:
 
 def campaign_machine(answer, campaign: str) -> str:
     prov = answer.provenance[(answer.provenance.campaign == campaign)]
-    recorded = sorted({m for ms in prov.get("machines", pd.Series(dtype=str)) for m in str(ms).split("; ")
-                       if m and m != "not recorded"})
+    machines = prov.machines if "machines" in prov else pd.Series(dtype=str)
+    recorded = sorted({m for ms in machines for m in str(ms).split("; ") if m and m != "not recorded"})
     return f"on {'; '.join(recorded)}" if recorded else "on a machine whose CPU model is not recorded"
 
 
@@ -96,7 +96,7 @@ def comparison_lines(answer, pair: str, arms: list, level: float = 0.95) -> list
     best = {b.kind: b for b in published_best(answer, pair)}
     lines, missing = [], []
     for kind in dict.fromkeys([*measured, *best]):
-        ran = measured.get(kind, [])
+        ran = measured[kind] if kind in measured else []
         of_best = [r for r in ran if kind in best and r[0] == best[kind].config]
         for config, pub, m in of_best or ran:
             what = "best" if of_best else "figure"
