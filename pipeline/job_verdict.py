@@ -17,7 +17,8 @@ from pipeline.stages import ArmResult, StageOutput, stage_module
 from pipeline.job_arms import engine_name
 from pipeline.published import comparison_lines, read_published
 from pipeline.trust import run_trust
-from speclab.verdict import verdict
+from speclab.arms import PLAIN_CHOICE
+from speclab.verdict import USE_PLAIN, verdict
 from store.records import read_meta
 
 T = TypeVar("T")
@@ -60,9 +61,11 @@ def kind_verdicts(arms: list[ArmResult]) -> list[KindVerdict]:
     for kind, a in best.items():
         m = a.metrics
         level = float(m["level"])
+        # the plan's choice not to speculate, run beside plain, is plain against plain: its ratio is the noise
+        said = (USE_PLAIN if (a.label or "").startswith(PLAIN_CHOICE)
+                else verdict(m["speedup"], m["speedup_lo"], m["speedup_hi"], m["runs"], level))
         out.append(KindVerdict(kind, a.label or a.name, float(m["speedup"]), float(m["speedup_lo"]),
-                               float(m["speedup_hi"]), int(m["runs"]), level,
-                               verdict(m["speedup"], m["speedup_lo"], m["speedup_hi"], m["runs"], level)))
+                               float(m["speedup_hi"]), int(m["runs"]), level, said))
     return out
 
 

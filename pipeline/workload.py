@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from speclab.stats import median_ci, runs_needed
-from speclab.verdict import verdict
+from speclab.arms import PLAIN_CHOICE, Arm
+from speclab.verdict import USE_PLAIN, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_PER_KIND = 2     # the planner's sample per category (as +sweep=plan)
@@ -84,8 +85,6 @@ def answer_lines(plan: pd.DataFrame, speed: pd.DataFrame, minutes: float) -> lis
     rec = plan[plan.recommended & (plan.kind != "all")]
     runs = speed[speed.arm == "recommended"]
     for r in rec.itertuples():
-        from speclab.arms import Arm
-
         choice = Arm("speculative", int(r.k) or None, str(r.k_policy), str(r.drafter)).label
         predicted = (f"predicted x{r.predicted:.2f}" + (f" ({r.level:.0%} {r.predicted_lo:.2f}-{r.predicted_hi:.2f})"
                                                         if r.predicted_lo == r.predicted_lo else ""))
@@ -96,8 +95,11 @@ def answer_lines(plan: pd.DataFrame, speed: pd.DataFrame, minutes: float) -> lis
         lo, hi = median_ci(x)
         med = float(np.median(x))
         interval = f"95% interval {lo:.2f}-{hi:.2f}" if lo == lo else "too few runs for an interval"
+        said = verdict(med, lo, hi, len(x))
+        if choice == PLAIN_CHOICE:  # plain beside plain: the ratio is the measurement's noise, not a gain
+            said = f"{USE_PLAIN} (plain beside plain: the noise of this machine)"
         lines.append(f"{r.kind}: {choice}, {predicted}; measured on held-out prompts x{med:.2f} ({interval}, "
-                     f"{len(x)} runs): {verdict(med, lo, hi, len(x))}")
+                     f"{len(x)} runs): {said}")
     lines.append(f"cost: {minutes:.1f} min here (plan and check), {speed.wall_s.sum() / 60:.1f} min of timed runs")
     return lines
 

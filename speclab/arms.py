@@ -112,6 +112,8 @@ class Arm:
                 else "" if self.k_policy in ("fixed", NONE) else f" {self.k_policy}")
         elif self.is_tree:
             text = "tree " + self.drafter.removeprefix(TREE_PREFIX)
+        elif self.drafter == NONE and self.method != "plain":
+            text = PLAIN_CHOICE  # the plan chose not to speculate
         elif reader:
             text = reader
         else:
@@ -148,6 +150,7 @@ def drafter_looks_up(drafter: str) -> bool:
 
 
 PLAIN = Arm("plain")
+PLAIN_CHOICE = "plain decoding"  # a reader's name of the plan's choice not to speculate
 RECOMMENDED = Arm("recommended", None, PLAN, PLAN)  # the plan's choice for the prompt's kind
 
 

@@ -63,6 +63,7 @@ def test_a_stored_row_reads_back_into_its_arm_and_labels():
     assert arm == Arm("recommended", None, "cost_model", "prompt_lookup") and arm.columns()["k"] == 0
     assert arm.label == "prompt lookup cost-model k (plan)" and arm.key == "recommended prompt_lookup cost_model"
     assert Arm("speculative", 4, "fixed", "model").label == "draft model k=4"
+    assert Arm("recommended", None, "none", "none").label == "plain decoding (plan)"  # the plan chose no speculation
     assert Arm("speculative", 4, "fixed", "model").key == "speculative model k=4"
     assert Arm("speculative", 3, "fixed", "tree:static:2-1-1").label == "tree static:2-1-1"
     assert Arm("hf_default", None, "library_default", "model").label == "transformers default"

@@ -70,3 +70,9 @@ def test_sweep_of_records_without_trust_still_reads(tmp_path):
         {"stage": "speed", "status": "computed", "file": "", "headline": ""}]}))
     table, lines = multirun_summary(tmp_path)
     assert list(table.trust) == ["-"] and not any(line.startswith("best for") for line in lines)
+
+
+def test_the_plans_choice_not_to_speculate_is_use_plain_whatever_its_noise():
+    """Plain beside plain measures the machine's noise: an interval above 1 there is no reason to speculate."""
+    [v] = kind_verdicts([_arm("plain decoding (plan)", "chat", 1.07, 1.01, 1.17)])
+    assert v.verdict == "use plain"

@@ -59,3 +59,13 @@ def test_the_answer_says_choice_prediction_measurement_and_cost():
                                "prompts x1.33 (95% interval 1.20-1.50, 8 runs): speculate")
     assert lines[1] == "code: draft model k=4, predicted x1.20; not checked"
     assert lines[-1] == "cost: 3.5 min here (plan and check), 0.9 min of timed runs"
+
+
+def test_a_plan_that_chose_plain_decoding_says_use_plain_whatever_the_noise():
+    plan = pd.DataFrame([{"kind": "chat", "recommended": True, "k": 0, "k_policy": "none", "drafter": "none",
+                          "predicted": 1.0, "predicted_lo": 1.0, "predicted_hi": 1.0, "level": 0.9}])
+    speed = pd.DataFrame([{"arm": "recommended", "kind": "chat", "ratio_to_adjacent_plain": r, "wall_s": 1.0}
+                          for r in (1.02, 1.05, 1.07, 1.08, 1.1, 1.12)])
+    line = answer_lines(plan, speed, 1.0)[0]
+    assert line.startswith("chat: plain decoding, predicted x1.00") and line.endswith(
+        ": use plain (plain beside plain: the noise of this machine)")
