@@ -225,6 +225,9 @@ def engine_summarize(df: pd.DataFrame) -> StageOutput:
     return StageOutput(df, metrics, summary, arms)
 
 
+DETAILED_CONFIGS = 2  # a job of more configurations prints one line each (per kind and position: file, MLflow)
+
+
 def kind_lines(rows: pd.DataFrame, rate) -> list[str]:
     """One summary line per kind: ``rate`` of its rows and of each of its prompts."""
     lines = []
@@ -245,7 +248,9 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     if "engine" in df and len(df) and (df.engine != "speclab").all():
         return engine_summarize(df)
     arms, summary = [], []
-    for (k, drafter, policy), at_k in df.groupby(["k", "drafter", "k_policy"], sort=True):
+    configs = df.groupby(["k", "drafter", "k_policy"], sort=True)
+    detailed = configs.ngroups <= DETAILED_CONFIGS
+    for (k, drafter, policy), at_k in configs:
         first = at_k.iloc[0]
         for kind, sub in by_kind(at_k):
             a = alpha(sub)
@@ -262,13 +267,20 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                  **{f"accept_pos{r.position}": r.conditional for r in position_acceptance(sub, int(k)).itertuples()}}))
         pooled = arms[-1].metrics
         what = "".join(f" {x}" for x, plain in ((drafter, "model"), (policy, "fixed")) if x != plain)
+        if not detailed:  # a grid (the planner's): one line per configuration; the rest is in the file and MLflow
+            kinds = ", ".join(f"{kind} {alpha(sub):.2f}" for kind, sub in at_k.groupby("kind", sort=False))
+            summary.append(f"k={k}{what}: alpha {pooled['alpha']:.3f} ({kinds}); tokens per target pass "
+                           f"{pooled['tokens_per_pass']:.2f} measured, {pooled['tokens_per_pass_formula']:.2f} formula")
+            continue
         summary.append(f"k={k}{what}: pooled alpha {pooled['alpha']:.3f} (accepted/checked; accepted/proposed "
                        f"{pooled['proposal_efficiency']:.3f}); tokens per target pass {pooled['tokens_per_pass']:.2f} "
                        f"measured, {pooled['tokens_per_pass_formula']:.2f} from the formula")
         summary += kind_lines(at_k, alpha)
         pos = position_acceptance(at_k, int(k))
+        reached = [r for r in pos.itertuples() if r.conditional == r.conditional]  # positions no draft got to: none
         summary.append("  by draft position (conditional / cumulative; the bonus token is not a position): "
-                       + ", ".join(f"{r.position}: {r.conditional:.2f}/{r.cumulative:.2f}" for r in pos.itertuples()))
+                       + (", ".join(f"{r.position}: {r.conditional:.2f}/{r.cumulative:.2f}" for r in reached)
+                          or "no position reached"))
     jobs_alpha = alpha(df)
     metrics = {"alpha_all_k": jobs_alpha, "iterations": len(df), **single_arm_metrics(
         [a for a in arms if a.params["kind"] == "all"] or arms)}
