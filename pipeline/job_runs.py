@@ -16,9 +16,9 @@ from pipeline.job_verdict import as_records, conclude
 from pipeline.jobs import run_identity, run_params
 from pipeline.redact import redact
 from pipeline.stages import ArmResult, StageOutput, stage_module
-from pipeline.stages.common import arm_run_name, grouped_metrics, prompt_set, run_name
-from pipeline.summary import SWEEP_METRICS, headline, write_job_record
-from pipeline.trust import description_line, run_trust
+from pipeline.stages.common import arm_run_name, grouped_metrics, prompt_set, run_name, shown_metrics
+from pipeline.summary import JOB_METRICS, SWEEP_METRICS, headline, job_metrics, write_job_record
+from pipeline.trust import OK, description_line, run_trust
 from pipeline.tracking import (
     PARENT_ENV, Tracker, environment_tags, hydra_tags, machine_tags, resolved_config,
 )
@@ -99,15 +99,21 @@ class JobRuns:
                tags: dict[str, str] | None = None) -> bool:
         """The stage run's metrics, files and description, and one child run per compared arm; ``tags``: what
         is known only once the models are loaded (``format_tags``)."""
-        tags = dict(tags or {})
+        tags, trust, trusted = dict(tags or {}), {}, {}
         description = list(out.summary)
         if (verdict := run_trust(out.rows)) is not None:  # a file logged later carries its verdict in its rows
             tags["trust"] = verdict[0]
+            # Also a param and a metric (trusted: 1 or 0, listed right after the headline): the compare view lists
+            # params and metrics, not tags.
+            trust, trusted = {"trust": verdict[0]}, {"trusted": float(verdict[0] == OK)}
             description.insert(0, description_line(*verdict))
-        arms = [ArmResult(a.name, a.params, grouped_metrics(a.metrics, part)) for a in out.arms]
+        # MLflow shows the headline rounded (shown_metrics); the Parquet file keeps every digit.
+        arms = [ArmResult(a.name, {**a.params, **trust}, {**shown_metrics(grouped_metrics(a.metrics, part)), **trusted})
+                for a in out.arms]
         self.tracker.log_arms(run_id, arms, run_identity(self.cfg, part), {**self.file_tags(), **tags},
                               arm_run_name(self.cfg, part, "{arm}"))
-        done = self.tracker.finish(run_id, grouped_metrics(out.metrics, part), [path], self.config, description, tags=tags)
+        done = self.tracker.finish(run_id, {**shown_metrics(grouped_metrics(out.metrics, part)), **trusted}, [path],
+                                   self.config, description, tags=tags, params=trust)
         if done:  # a recomputed file: its older runs are no longer the file's
             self.tracker.supersede(run_identity(self.cfg, part), run_id)
         return done
@@ -133,14 +139,15 @@ class JobRuns:
         self.records.append({"stage": part, "status": status, "file": str(path),
                              "headline": headline(metrics) if metrics else "", "trust": trust,
                              "verdicts": as_records(verdicts or []),
-                             **{k: float(metrics[k]) for k in SWEEP_METRICS if metrics and k in metrics}})
+                             **{k: float(metrics[k]) for k in (*SWEEP_METRICS, *JOB_METRICS)
+                                if metrics and k in metrics and metrics[k] is not None}})
 
     def close(self, status: str, parts: list[str]) -> None:
         """End the job's own parent run with the job's status, and leave the job's record."""
         if self._own_parent and self._parent:
             if status == "FINISHED":
                 lines = [f"{r['stage']}: {r['status']} {r['headline']}" for r in self.records]
-                self.tracker.finish(self._parent, {}, description=lines)
+                self.tracker.finish(self._parent, job_metrics(self.records), description=lines)
             else:
                 self.tracker.end(self._parent, status)
         if status == "KILLED":  # an interrupt may land between a run's creation and its id's return

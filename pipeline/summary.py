@@ -30,14 +30,35 @@ def write_job_record(folder: Path, record: dict[str, Any]) -> None:
 # A job's measuring effort, summed over a sweep on its MLflow run (sweep_metrics): blocks of adjacent runs and the
 # minutes its timed runs took (speed jobs).
 SWEEP_METRICS = ("blocks", "minutes")
+# A job's headline, kept in its record: its job run shows them, and its sweep's run shows its fastest job's (under
+# the same names, so one column of MLflow's run table reads down sweeps and jobs alike).
+JOB_METRICS = ("speedup", "speedup_lo", "speedup_hi", "alpha", "tokens_per_pass")
+
+
+def job_metrics(records: list[dict]) -> dict[str, float]:
+    """A job run's metrics: the headline of its first stage that has one, rounded for display."""
+    from pipeline.mlflow_view import rounded
+
+    first = next((r for r in records if any(r.get(k) == r.get(k) and r.get(k) is not None for k in JOB_METRICS)), {})
+    return {k: rounded(float(first[k])) for k in JOB_METRICS if first.get(k) is not None and first[k] == first[k]}
 
 
 def sweep_metrics(table: pd.DataFrame) -> dict[str, float]:
-    """The sweep run's metrics: its jobs, and the blocks and minutes of the jobs that report them."""
-    out = {"jobs": float(len(table))}
+    """The sweep run's metrics: its jobs and trusted jobs (``sweep_jobs``, ``sweep_trusted_jobs``: listed after the
+    headline), the blocks and minutes of the jobs that report them, and its fastest job's headline
+    (``JOB_METRICS``, rounded) with that job's number (``sweep_best_job``)."""
+    from pipeline.mlflow_view import rounded
+
+    out = {"sweep_jobs": float(table.job.nunique()) if len(table) else 0.0}
+    if "trust" in table and len(table):
+        out["sweep_trusted_jobs"] = float(table[table.trust == "ok"].job.nunique())
     for k in SWEEP_METRICS:
         if k in table and table[k].notna().any():
-            out[k] = float(table[k].sum())
+            out[k] = rounded(float(table[k].sum()))
+    if "speedup" in table and table.speedup.notna().any():
+        best = table.loc[table.speedup.idxmax()]
+        out["sweep_best_job"] = float(best.job)
+        out.update({k: rounded(float(best[k])) for k in JOB_METRICS if k in best and best[k] == best[k]})
     return out
 
 
@@ -61,16 +82,16 @@ def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = 
             rows.append({"job": record["job"], "stage": part["stage"], "status": part["status"],
                          "trust": part.get("trust") or "-", "overrides": record["overrides"],
                          "headline": part["headline"], "file": part["file"],
-                         **{k: part.get(k, float("nan")) for k in SWEEP_METRICS}})
+                         **{k: part.get(k, float("nan")) for k in (*SWEEP_METRICS, *JOB_METRICS)}})
             verdicts += [{**v, "job": record["job"], "trust": part.get("trust") or "-"} for v in part.get("verdicts") or []]
     table = pd.DataFrame(rows, columns=["job", "stage", "status", "trust", "overrides", "headline", "file",
-                                        *SWEEP_METRICS])
+                                        *SWEEP_METRICS, *JOB_METRICS])
     # The overrides every job shares say nothing about a row: keep what the sweep varied.
     common = set.intersection(*(set(o.split()) for o in table.overrides)) if len(table) else set()
     table["overrides"] = [" ".join(t for t in o.split() if t not in common) for o in table.overrides]
     lines = [f"multirun of {table.job.nunique()} jobs in {sweep_dir}:"]
     if len(table):
-        lines += table.drop(columns=["file", *SWEEP_METRICS]).to_markdown(index=False).splitlines()
+        lines += table.drop(columns=["file", *SWEEP_METRICS, *JOB_METRICS]).to_markdown(index=False).splitlines()
         counts = table.status.value_counts().to_dict()
         lines.append("status: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         untrusted = table[~table.trust.isin(["ok", "-"])]
@@ -82,7 +103,8 @@ def multirun_summary(sweep_dir: Path, tracker: Any = None, parent: str | None = 
     if tracker is not None and parent is not None:
         lines.append(f"MLflow: experiment {tracker.experiment!r} at {redact(tracker.uri)}, parent run {parent} (its child runs "
                      "are the jobs; a speed job's children are its arms). Browse with "
-                     "`MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --workers 1` and open the parent run.")
+                     "`MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --workers 1`, choose 'Model training' at the "
+                     "top left (MLflow 3 opens on GenAI) and open the parent run.")
     else:
         lines.append("MLflow: not logged (tracking off or unreachable); the Parquet files above hold the results")
     print("\n".join(lines), flush=True)  # the multirun's closing report, after Hydra's own lines

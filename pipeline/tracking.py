@@ -22,6 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.mlflow_view import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, SWEPT_ENV, swept_keys
 from pipeline.redact import redact, redact_all
 from pipeline.secrets import resolve
 from store.credentials import public_url
@@ -170,6 +171,17 @@ def hydra_tags() -> dict[str, str]:
     return tags
 
 
+def experiment_id(client: Any, name: str) -> str:
+    """The experiment's id, created if new; either way of MLflow 3's classic-ML kind (``EXPERIMENT_KIND``), so a UI
+    that reads the kind opens it on its runs, not on the GenAI overview (an experiment without the tag gets it)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    if EXPERIMENT_KIND_TAG not in exp.tags:  # one the user chose a kind for keeps it
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
+
+
 @dataclass
 class Tracker:
     """The MLflow side of a job's runs. ``enabled`` is False when tracking is off or unreachable."""
@@ -208,8 +220,7 @@ class Tracker:
 
                 with tracking_store_lock(self.uri):  # two new jobs must not both create the experiment
                     client = mlflow.MlflowClient(resolve(self.uri))
-                    exp = client.get_experiment_by_name(self.experiment)
-                    self._experiment_id = exp.experiment_id if exp else client.create_experiment(self.experiment)
+                    self._experiment_id = experiment_id(client, self.experiment)
                 self._client = client
             return fn(self._client, *args, **kwargs)
         except Exception as err:  # noqa: BLE001 - a dead server must not cost the measured results
@@ -217,8 +228,9 @@ class Tracker:
             _mark_down(self.uri, err)
             return None
 
-    def _search(self, identity: dict[str, str], status: str) -> list:
-        clauses = [f"tags.{k} = '{v}'" for k, v in identity.items()] + [f"attributes.status = '{status}'"]
+    def _search(self, identity: dict[str, str], status: str | None) -> list:
+        clauses = [f"tags.{k} = '{v}'" for k, v in identity.items()]
+        clauses += [f"attributes.status = '{status}'"] if status else []
 
         def search(c):
             runs, token = [], None
@@ -230,6 +242,16 @@ class Tracker:
                     return runs
 
         return self._call(search) or []
+
+    def unique_name(self, name: str) -> str:
+        """``name``, or ``name #2`` (#3...) when a sweep run of the experiment already has it: two sweeps started
+        in the same second from folders of the same name still get names of their own."""
+        names = {r.info.run_name for r in self._search({"level": "sweep"}, None)}
+        candidate, i = name, 1
+        while candidate in names:
+            i += 1
+            candidate = f"{name} #{i}"
+        return candidate
 
     def has_finished_run(self, identity: dict[str, str]) -> bool:
         return bool(self._search(identity, "FINISHED"))
@@ -302,19 +324,21 @@ class Tracker:
 
     def finish(self, run_id: str | None, metrics: dict[str, float], artifacts: list[Path] = (),
                config: dict | None = None, description: list[str] = (), table: Any = None,
-               tags: dict[str, str] | None = None, link: bool = True) -> bool:
-        """Log metrics, artifacts, the resolved config, the description and late ``tags``, then mark the run
-        FINISHED (and print where to see it, when ``link`` and the store has a UI)."""
+               tags: dict[str, str] | None = None, link: bool = True, params: dict[str, str] | None = None) -> bool:
+        """Log metrics, late ``params``, artifacts, the resolved config, the description and late ``tags``, then mark
+        the run FINISHED (and print where to see it, when ``link`` and the store has a UI)."""
         if run_id is None:
             return False
 
         def log(c):
-            from mlflow.entities import Metric
+            from mlflow.entities import Metric, Param
 
             now = int(time.time() * 1000)
             items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and v == v]
             for i in range(0, len(items), 500):
                 c.log_batch(run_id, metrics=items[i:i + 500])
+            if params:
+                c.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
             for path in artifacts:
                 c.log_artifact(run_id, str(path))
             if config is not None:
@@ -376,6 +400,18 @@ class Tracker:
             self._open.discard(run_id)
 
 
+def sweep_name(sweep: str, overrides: list[str], campaign: str, sweep_dir: str) -> str:
+    """A sweep run's name: the sweep, what it varies (its sweep overrides, ``k=2,4,6``), the campaign, when it
+    started (to the second) and its multirun folder's name, where that is not the time already."""
+    swept = set(swept_keys(overrides))
+    varies = " ".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept)
+    folder = Path(sweep_dir).name
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    when = started if folder.replace("-", "").isdigit() else f"{started} · {folder}"  # Hydra's own: the time
+    name = "sweep" if sweep == "multirun" else f"sweep {sweep}"  # a command line's sweep: its overrides say it
+    return " · ".join(b for b in (f"{name} {varies}".strip(), campaign, when) if b)
+
+
 class CreateTrackingStore(Callback):
     """Hydra callback: a multirun probes the store once, opens the parent run of its jobs, and ends
     with one summary table of its jobs (printed, and logged on the parent run)."""
@@ -389,6 +425,9 @@ class CreateTrackingStore(Callback):
         _multirun["callback"] = self  # for the launcher and the entry point when a job fails or a worker dies
         os.environ[SWEEP_PID_ENV] = f"{os.getpid()} {platform.node()}"  # joblib workers die with this process
         os.environ[SWEEP_DIR_ENV] = str(config.hydra.sweep.dir)
+        params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
+        os.environ[SWEPT_ENV] = " ".join(swept_keys(list(config.hydra.overrides.task),  # for the jobs' run names
+                                                    OmegaConf.to_container(params) if params else None))
         if not self.enabled:
             return
         problem = tracking_problem(self.uri, "multirun")
@@ -400,7 +439,7 @@ class CreateTrackingStore(Callback):
         hc = config.hydra  # HydraConfig is not set yet when a multirun starts
         sweep = str(hc.runtime.choices.get("sweep") or "multirun")
         campaign = str(config.campaign)
-        name = f"sweep {sweep} · {campaign} · {time.strftime('%Y-%m-%d %H:%M')}"
+        name = self.tracker.unique_name(sweep_name(sweep, list(hc.overrides.task), campaign, str(hc.sweep.dir)))
         tags = {"level": "sweep", "sweep": sweep, "campaign": campaign, "sweep_dir": str(hc.sweep.dir),
                 "overrides": redact(" ".join(hc.overrides.task))[:5000], "mlflow.source.git.commit": git_commit(),
                 "mlflow.source.name": "pipeline.run", **machine_tags()}
@@ -415,7 +454,7 @@ class CreateTrackingStore(Callback):
         table, lines = multirun_summary(Path(str(config.hydra.sweep.dir)), self.tracker, self.parent)
         if self.tracker and self.parent:
             self.tracker.finish(self.parent, sweep_metrics(table), description=lines, table=table)
-        for var in (PARENT_ENV, PARENT_URI_ENV, SWEEP_PID_ENV, SWEEP_DIR_ENV):
+        for var in (PARENT_ENV, PARENT_URI_ENV, SWEEP_PID_ENV, SWEEP_DIR_ENV, SWEPT_ENV):
             os.environ.pop(var, None)
         _multirun.pop("callback", None)
 
@@ -446,8 +485,10 @@ def summary_after_failure() -> None:
     tracker, parent = (sweep.tracker, sweep.parent) if sweep is not None else (None, None)
     table, lines = multirun_summary(Path(sweep_dir), tracker, parent)
     if tracker is not None and parent is not None:
+        from pipeline.summary import sweep_metrics
+
         tracker._call(lambda c: (c.set_tag(parent, "mlflow.note.content", "\n".join(lines)[:20000]),
-                                 c.log_metric(parent, "jobs", float(table.job.nunique()))))
+                                 [c.log_metric(parent, k, v) for k, v in sweep_metrics(table).items()]))
 
 
 def end_open_parent(status: str) -> None:

@@ -20,7 +20,10 @@ from pipeline.jobs import output_path
 from pipeline.run import run_parts
 from pipeline import engine_speclab
 from pipeline.stages import speed, timing
-from pipeline.stages.common import arm_run_name, grouped_metrics, run_name, speedup_metrics, speedup_text
+from pipeline.mlflow_view import rounded
+from pipeline.stages.common import (
+    arm_run_name, grouped_metrics, run_name, shown_metrics, speedup_metrics, speedup_text,
+)
 from pipeline_helpers import make_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,22 +264,54 @@ def test_an_interval_needs_the_minimum_runs():
 
 def test_headline_metrics_come_first_and_the_rest_is_grouped():
     metrics = {"speedup_q25": 1, "drift_ratio": 1, "speedup": 1, "alpha": 1, "speedup_lo": 1, "speedup_hi": 1,
-               "tokens_per_pass": 1, "runs": 3, "spec_tokens_per_s": 1}
+               "tokens_per_pass": 1, "runs": 3, "spec_tokens_per_s": 1, "level": 0.95, "minutes": 2, "precision": 1}
     logged = grouped_metrics(metrics, "speed")
     assert list(logged)[:6] == ["speedup", "speedup_lo", "speedup_hi", "runs", "alpha", "tokens_per_pass"]
-    assert set(list(logged)[6:]) == {"x_speedup_q25", "x_drift_ratio", "x_spec_tokens_per_s"}
+    assert set(list(logged)[6:]) == {"x_speedup_q25", "x_drift_ratio", "x_spec_tokens_per_s", "x_level", "x_minutes",
+                                     "x_precision"}
     assert sorted(logged)[:6] == sorted(list(logged)[:6])  # listed by name, the headline still comes first
     assert grouped_metrics({"c_draft": 0.1}, "timing") == {"c_draft": 0.1}
 
 
+def test_headline_metrics_are_rounded_for_display_only():
+    shown = shown_metrics({"speedup": 1.234567, "speedup_lo": 0.0729594, "runs": 1234.0, "alpha": float("nan"),
+                           "x_spec_tokens_per_s": 12.345678})
+    assert shown["speedup"] == 1.23 and shown["speedup_lo"] == 0.073 and shown["runs"] == 1234.0
+    assert np.isnan(shown["alpha"]) and shown["x_spec_tokens_per_s"] == 12.345678  # the details stay exact
+    assert rounded(0.0) == 0.0 and rounded(-98765.4) == -98765.0 and rounded(0.95) == 0.95
+
+
 def test_run_names_put_what_varies_first_and_name_the_prompt_set(tmp_path):
+    # Outside Hydra (no prompts choice known) the prompt file's own name, without its folder
     cfg = make_cfg(tmp_path, "stage=speed", "k=2", "sampling=t07", "prompts=spec_bench", "pair.draft_dtype=int8")
     name = speed.describe(cfg)
-    assert name.startswith("k2 T0.7 draft=int8 · ") and " · spec_bench · speed" in name and len(name) <= 60
+    assert name.startswith("k2 T0.7 draft=int8 · ") and " · question · speed" in name and len(name) <= 60
+    cfg = make_cfg(tmp_path, "stage=speed", "k=2", f"prompts.file={tmp_path / 'my_folder' / 'my_prompts.jsonl'}")
+    name = speed.describe(cfg)
+    assert " · my_prompts · speed" in name and "my_folder" not in name
+    assert arm_run_name(cfg, "speed", "speculative k2 code").startswith("speculative k2 code · my_prompts · ")
     cfg = make_cfg(tmp_path, "stage=speed", "k=3", "prompts.kinds=[code]")
-    assert speed.describe(cfg) == "k3 · code[1] · default · speed · tiny_random"  # prompts=smoke: 1 a kind
+    assert speed.describe(cfg) == "k3 · code[1] · default · speed · tiny_random"  # its file: default.yaml
     assert run_name(cfg, "timing").startswith("code[1] · default · timing")
     assert arm_run_name(cfg, "speed", "speculative k3 code") == "speculative k3 code · default · speed · tiny_random"
+
+
+def test_run_names_say_the_prompt_set_chosen_and_what_a_sweep_varies(tmp_path, monkeypatch):
+    from pipeline import mlflow_view
+
+    class Hydra:  # HydraConfig.get() of a multirun's job: prompts=smoke chosen, seed swept
+        runtime = SimpleNamespace(choices={"prompts": "smoke"})
+        overrides = SimpleNamespace(task=["prompts=smoke", "seed=2", "k=3"])
+
+    monkeypatch.setattr(mlflow_view, "_hydra", lambda: Hydra)
+    monkeypatch.setenv(mlflow_view.SWEPT_ENV, "seed k")
+    cfg = make_cfg(tmp_path, "stage=speed", "k=3", "seed=2")
+    assert speed.describe(cfg).startswith("seed=2 k3 · ") and " · smoke · speed" in speed.describe(cfg)
+    Hydra.overrides = SimpleNamespace(task=["prompts=smoke", f"prompts.file={tmp_path}/x/mine.jsonl"])
+    cfg = make_cfg(tmp_path, "stage=speed", f"prompts.file={tmp_path}/x/mine.jsonl")
+    assert " · mine · speed" in speed.describe(cfg)  # a file named on the command line names itself
+    assert mlflow_view.swept_keys(["k=2,4", "pair=tiny_random", "seed=range(3)"], {"round": "0,1", "pair": "x"}) == [
+        "k", "seed", "round"]
 
 
 # ---- the browser check compares only FINISHED runs of one prompt set -----------------------------------------
@@ -292,6 +327,9 @@ def test_ui_check_compares_finished_runs_of_one_prompt_set():
     runs = [_run("RUNNING", "1"), _run("FINISHED", "2"), _run("FINISHED", "3", "spec_bench"), _run("FAILED", "5"),
             _run("FINISHED", "4", kinds="code"), _run("FINISHED", "6")]
     assert [r.info.run_id for r in select_runs(runs)] == ["FINISHED-2-default", "FINISHED-6-default"]
+    runs += [_run("FINISHED", "10"), _run("FINISHED", "12")]  # three k values at most, in k's order
+    assert [r.info.run_id for r in select_runs(runs)] == ["FINISHED-2-default", "FINISHED-6-default",
+                                                         "FINISHED-10-default"]
     with pytest.raises(SystemExit, match="found 1"):
         select_runs([_run("RUNNING", "1"), _run("FINISHED", "2"), _run("FINISHED", "3", "spec_bench")])
     with pytest.raises(SystemExit, match="no FINISHED"):

@@ -2,7 +2,6 @@
 adjacent-runs design (arm order rotating by block, speed-ups over the block's plain run)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TypeVar
 
 import pandas as pd
@@ -11,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.context import StageContext
 from pipeline.job_arms import engine_name
+from pipeline.mlflow_view import prompt_source, rounded, swept_values
 from pipeline.stages.options import uses
 from speclab.sampling import SamplingConfig
 from speclab.stats import median_ci
@@ -48,9 +48,9 @@ KINDS_MAX = 24  # longer lists of prompt kinds are named by their number (the ki
 
 
 def prompt_set(cfg: DictConfig) -> str:
-    """The prompt set a job reads: its file's folder (spec_bench/question.jsonl) or name (default.yaml)."""
-    file = Path(str(cfg.prompts.file))
-    return file.parent.name or file.stem
+    """The prompts a job reads, as run names and the ``prompt_set`` tag say them: the prompt set chosen
+    (``prompts=smoke``), else the file's name without folder (``question`` for spec_bench/question.jsonl)."""
+    return prompt_source(cfg)
 
 
 def shorten(name: str, limit: int = NAME_MAX) -> str:
@@ -58,7 +58,8 @@ def shorten(name: str, limit: int = NAME_MAX) -> str:
 
 
 def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[str] = ()) -> str:
-    """Readable and distinct in MLflow's run table, what varies first: the engine where it is not speclab's loop,
+    """Readable and distinct in MLflow's run table, what varies first: in a multirun, the swept overrides the name
+    does not otherwise say (``seed=2``); the engine where it is not speclab's loop,
     the stage's own ``settings`` (its k),
     the drafter and k policy where they are not the default ones, its ``extra`` arms, sampling, the draft's
     dtype where the pair's name does not say it, the round; then the prompt kinds (their number when the list is
@@ -66,7 +67,7 @@ def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[s
     and the pair (the config hash is a tag), at most ``NAME_MAX`` characters. Options the stage does not
     read (pipeline/stages/options.py) are left out."""
     read = uses(part)
-    varying = [*([engine_name(cfg)] if engine_name(cfg) != "speclab" else []), *settings]
+    varying = [*swept_values(cfg), *([engine_name(cfg)] if engine_name(cfg) != "speclab" else []), *settings]
     varying += [str(cfg.drafter.name)] if cfg.drafter.name != "model" and "drafter" in read else []
     varying += [str(cfg.k_policy.name)] if cfg.k_policy.name != "fixed" and "k_policy" in read else []
     varying += extra
@@ -116,9 +117,10 @@ def rotated(arms: list[T], cfg: DictConfig, block: int) -> list[T]:
     return arms[shift:] + arms[:shift]
 
 
-# What a run with speed-ups shows first (MLflow lists metrics by name): the rest is logged as x_<name>.
-HEADLINE_METRICS = ("speedup", "speedup_lo", "speedup_hi", "precision", "runs", "minutes", "level", "alpha",
-                    "tokens_per_pass")
+# What a run with speed-ups shows first (MLflow lists metrics by name: these, then ``trusted``, are the first seven
+# rows of its compare view's metric box and of its column picker): the rest, the interval's level and half-width
+# and the minutes included, is logged as x_<name>.
+HEADLINE_METRICS = ("speedup", "speedup_lo", "speedup_hi", "runs", "alpha", "tokens_per_pass")
 GROUPED_STAGES = ("speed", "batch")
 DETAIL_PREFIX = "x_"
 
@@ -130,6 +132,11 @@ def grouped_metrics(metrics: dict[str, float], part: str) -> dict[str, float]:
         return dict(metrics)
     return {**{k: metrics[k] for k in HEADLINE_METRICS if k in metrics},
             **{f"{DETAIL_PREFIX}{k}": v for k, v in metrics.items() if k not in HEADLINE_METRICS}}
+
+
+def shown_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics as MLflow shows them: the headline names (``HEADLINE_METRICS``) rounded (``rounded``), the rest exact."""
+    return {k: rounded(float(v)) if k in HEADLINE_METRICS and v is not None else v for k, v in metrics.items()}
 
 
 INTERVAL_NOTE = ("speedup_lo / speedup_hi: 95% distribution-free interval of the median ratio to the adjacent plain "
