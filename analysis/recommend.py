@@ -236,7 +236,8 @@ def show_plan(plan: pd.DataFrame, top: int) -> str:
     lines = []
     for pair, p in plan.groupby("pair"):
         lines.append(f"pair {pair}: plan on prompts {p.prompt_ids.iloc[0]} "
-                     f"({100 * p.level.iloc[0]:.0f}% intervals, bootstrap over prompts)")
+                     f"({100 * p.level.iloc[0]:.0f}% distribution-free intervals of the median over prompts; "
+                     "an unseen prompt: where one more prompt of the kind falls, and how often)")
         for kind, g in p.groupby("kind", sort=True):
             g = g.sort_values("rank")
             g = g[(g["rank"] <= top) | g.recommended]  # the recommendation need not have the highest median
@@ -247,8 +248,11 @@ def show_plan(plan: pd.DataFrame, top: int) -> str:
                 worst = getattr(r, "worst_ratio", float("nan"))
                 span = f"[{r.predicted_lo:.2f}, {r.predicted_hi:.2f}]" if r.predicted_lo == r.predicted_lo else \
                     "[no interval]"
+                cover = getattr(r, "unseen_coverage", float("nan"))
+                unseen = (f"  unseen prompt [{r.unseen_lo:.2f}, {r.unseen_hi:.2f}] {100 * cover:.0f}%"
+                          if cover == cover else "")
                 lines.append(f"  {kind:10s} {mark:11s} {what:24s} predicted {r.predicted:.2f} "
-                             f"{span}  (i.i.d. formula {r.predicted_iid:.2f}"
+                             f"{span}{unseen}  (i.i.d. formula {r.predicted_iid:.2f}"
                              + (f"; worst case {worst:.2f} of a prompt's best" if worst == worst else "") + ")")
                 if r.recommended and isinstance(getattr(r, "chosen_by", None), str) and r.chosen_by:
                     lines.append(f"  {'':10s} {'':11s} chosen as {r.chosen_by}")

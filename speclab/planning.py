@@ -10,7 +10,7 @@ import pandas as pd
 
 from speclab.arms import drafter_looks_up, drafter_runs_model
 from speclab.estimators import alpha_hat
-from speclab.stats import median_ci
+from speclab.stats import median_ci, prediction_interval
 from speclab.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop
 from speclab.tree_specs import is_tree
 
@@ -163,7 +163,10 @@ def sign_test(pred: pd.DataFrame, a: tuple, b: tuple) -> tuple[int, int, float]:
 
 def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     """Per kind (and 'all'), every configuration's median predicted speed-up over the sample prompts,
-    its distribution-free interval at ``level`` (none from fewer prompts than it needs), and the recommended one. Plain decoding is a candidate at exactly 1: where no
+    its distribution-free interval at ``level`` (none from fewer prompts than it needs), where an *unseen* prompt of
+    the kind falls (``unseen_lo``-``unseen_hi``, covering it with probability ``unseen_coverage``: at least ``level``
+    from ``prediction_size_needed(level)`` prompts, the sample's range and its smaller coverage below that;
+    speclab.stats.prediction_interval), and the recommended one. Plain decoding is a candidate at exactly 1: where no
     configuration is predicted to beat it, the advice is not to speculate.
 
     The recommendation is the *robust* configuration (the best worst case over every sample prompt,
@@ -174,13 +177,16 @@ def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     """
     pooled = pd.concat([pred, pred.assign(kind="all")], ignore_index=True) if pred.kind.nunique() > 1 else pred
     rows = [{"kind": kind, **PLAIN, "prompts": g.prompt_id.nunique(), "predicted": 1.0, "predicted_lo": 1.0,
-             "predicted_hi": 1.0, "predicted_iid": 1.0, "alpha": float("nan")}
+             "predicted_hi": 1.0, "predicted_iid": 1.0, "alpha": float("nan"),
+             "unseen_lo": 1.0, "unseen_hi": 1.0, "unseen_coverage": 1.0}
             for kind, g in pooled.groupby("kind", sort=True)]
     for (kind, drafter, policy, k), g in pooled.groupby(["kind", *CONFIG_KEYS], sort=True):
         med, lo, hi = median_and_interval(g.predicted.to_numpy(), level)
+        unseen = prediction_interval(g.predicted.to_numpy(), level)
         rows.append({"kind": kind, "drafter": drafter, "k_policy": policy, "k": int(k), "prompts": g.prompt_id.nunique(),
                      "predicted": med, "predicted_lo": lo, "predicted_hi": hi,
-                     "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean())})
+                     "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean()),
+                     "unseen_lo": unseen.lo, "unseen_hi": unseen.hi, "unseen_coverage": unseen.coverage})
     out = pd.DataFrame(rows)
     out["rank"] = out.groupby("kind").predicted.rank(ascending=False, method="first").astype(int)
     cfg = pd.Series(list(zip(*(out[c] for c in CONFIG_KEYS))), index=out.index)

@@ -3,6 +3,7 @@ names as the best, and how the confirmatory check (that configuration named befo
 to the recommendation) is reported beside it."""
 import numpy as np
 import pandas as pd
+import pytest
 
 from analysis.recommend import check
 from store.best_fixed import best_fixed
@@ -249,3 +250,24 @@ def test_plan_recommends_the_robust_configuration_unless_a_kind_passes_the_sign_
     assert rec.chosen_by["structured"].startswith("kind's best: beats the robust choice on 4 of 4 prompts")
     strict = recommend(_predictions(4), level=0.95)
     assert (strict[strict.recommended].k == 2).all()  # at level 0.95, four prompts are not enough
+
+
+def test_each_planned_configuration_says_where_an_unseen_prompt_of_its_kind_falls():
+    """Not the sample median's interval: the order statistics that cover one more prompt of the kind, with how
+    often (speclab.stats.prediction_interval); plain decoding is exactly 1."""
+    from pipeline.stages.plan import unseen_text
+    from speclab.planning import recommend
+
+    plan = recommend(_predictions(4), level=0.9)
+    k6 = plan[(plan.kind == "structured") & (plan.k == 6)].iloc[0]
+    assert (k6.unseen_lo, k6.unseen_hi) == pytest.approx((2.0, 2.03)) and k6.unseen_coverage == pytest.approx(3 / 5)
+    both = plan[(plan.kind == "all") & (plan.k == 6)].iloc[0]  # eight prompts of two kinds: the range, 7/9
+    assert (both.unseen_lo, both.unseen_hi, both.unseen_coverage) == pytest.approx((0.8, 2.03, 7 / 9))
+    plain = plan[plan.drafter == "none"]
+    assert (plain.unseen_lo == 1).all() and (plain.unseen_coverage == 1).all()
+    assert unseen_text(k6.to_frame().T.assign(level=0.9).iloc[0]) == \
+        "an unseen prompt 2.00-2.03 (60% of the time; 90% needs 19 prompts)"
+    from analysis.recommend import show_plan
+
+    printed = show_plan(plan.assign(pair="p", level=0.9, prompt_ids="x"), top=1)
+    assert "unseen prompt [2.00, 2.03] 60%" in printed

@@ -16,6 +16,7 @@ from speclab.engine_plan import engine_costs, fit_overheads, predict_requests
 from speclab.engines.llama_arms import pasted_flags
 from speclab.arms import Arm
 from speclab.planning import calibrate, predict_runs, recommend
+from speclab.stats import prediction_size_needed
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name
 
@@ -24,6 +25,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("predicted", "float64"), ("predicted_lo", "float64"), ("predicted_hi", "float64"),
     ("predicted_iid", "float64"), ("alpha", "float64"), ("rank", "int32"), ("recommended", "bool"),
     ("level", "float64"), ("prompt_ids", "string"), ("worst_ratio", "float64"), ("chosen_by", "string"),
+    ("unseen_lo", "float64"), ("unseen_hi", "float64"), ("unseen_coverage", "float64"),
 ])
 NEEDS = ("timing", "acceptance")
 
@@ -69,6 +71,15 @@ def interval_text(row) -> str:
     return f"{100 * row.level:.0f}% interval {row.predicted_lo:.2f}-{row.predicted_hi:.2f}"
 
 
+def unseen_text(row) -> str:
+    """Where an unseen prompt of the kind falls, and how often that holds."""
+    cover = getattr(row, "unseen_coverage", float("nan"))
+    if cover != cover:
+        return "no interval for an unseen prompt"
+    need = "" if cover >= row.level - 1e-9 else f"; {100 * row.level:.0f}% needs {prediction_size_needed(row.level)} prompts"
+    return f"an unseen prompt {row.unseen_lo:.2f}-{row.unseen_hi:.2f} ({100 * cover:.0f}% of the time{need})"
+
+
 def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     """The recommendation per kind (child runs), and every kind's best on the job run."""
     arms, summary, metrics = [], [], {}
@@ -80,10 +91,11 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                                                       "k_policy": best.k_policy, "k": int(best.k)},
                               {"predicted_speedup": best.predicted, "predicted_lo": best.predicted_lo,
                                "predicted_hi": best.predicted_hi, "prompts": int(best.prompts),
-                               "worst_ratio": best.worst_ratio}))
+                               "worst_ratio": best.worst_ratio,
+                               **{c: getattr(best, c, float("nan")) for c in ("unseen_lo", "unseen_hi", "unseen_coverage")}}))
         metrics[f"predicted_speedup_{kind}"] = float(best.predicted)
         summary.append(f"{kind}: recommended {choice_text(best)}: predicted speed-up {best.predicted:.2f} "
-                       f"({interval_text(best)}, "
+                       f"({interval_text(best)}, {unseen_text(best)}, "
                        f"{best.prompts} prompts; {best.chosen_by})"
                        + (f"; highest other median {choice_text(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
                        + (f"; best draft-model fixed k={int(fixed.loc[fixed.predicted.idxmax()].k)} "
