@@ -313,7 +313,7 @@ class PlanStage(TimingStage, AcceptanceStage):
                              doc="not read: a prediction's interval over the prompts is distribution-free "
                                  "(speclab.stats.median_ci); kept so that stored plans keep their config hash")
     level: float = setting(default_of(recommend, "level"), number_in(0, 1, lo_open=True, hi_open=True),
-                           doc="interval level; a kind overrides the robust choice at sign-test p <= 1 - level")
+                           doc="interval level; a kind overrides the robust choice when its held-out gain passes a t test at it")
 
 
 @dataclass

@@ -5,6 +5,8 @@ stage (which recommends) and the analysis (which validates the predictions again
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -152,13 +154,39 @@ def worst_ratios(pred: pd.DataFrame) -> pd.Series:
     return table.div(table.max(axis=1), axis=0).min(axis=0).rename("worst_ratio")
 
 
-def sign_test(pred: pd.DataFrame, a: tuple, b: tuple) -> tuple[int, int, float]:
-    """(wins, prompts, one-sided sign-test p) of configuration ``a`` over ``b`` on the prompts of ``pred``."""
-    from scipy.stats import binomtest
+@dataclass(frozen=True)
+class HeldOut:
+    """How the kind's own choice fares against the pooled one on prompts it did not see (leave one prompt out)."""
 
-    both = per_prompt(pred)[[a, b]].dropna()
-    wins, n = int((both[a] > both[b]).sum()), len(both)
-    return wins, n, float(binomtest(wins, n, 0.5, alternative="greater").pvalue) if n else 1.0
+    gain: float   # mean over the kind's prompts of (the choice made without the prompt) / (the pooled choice) - 1
+    error: float  # the standard error of that mean (NaN below 2 prompts)
+    prompts: int
+    beyond: bool  # the gain exceeds its error: one-sided t at ``level`` (a gain every prompt agrees on counts)
+
+
+def held_out(pred: pd.DataFrame, pooled: tuple, level: float) -> HeldOut:
+    """Per prompt of one kind, the configuration with the highest median over the kind's *other* prompts, priced on
+    the left-out prompt against the pooled choice. The kind's own choice is worth taking when that held-out gain is
+    positive beyond its standard error, by a one-sided t test at ``level`` (what two prompts can show when they
+    agree; what four cannot when they do not)."""
+    from scipy.stats import t as student_t
+
+    table = per_prompt(pred)
+    values, configs = table.to_numpy(dtype=float), list(table.columns)  # configurations are tuples: by position
+    if pooled not in configs:
+        return HeldOut(float("nan"), float("nan"), 0, False)
+    at = configs.index(pooled)
+    gains = []
+    for i in range(len(values)) if len(values) > 1 else ():
+        rest = np.delete(values, i, axis=0)
+        choice = int(np.nanargmax(np.nanmedian(rest, axis=0)))
+        gains.append(values[i, choice] / values[i, at] - 1)
+    g = np.asarray(gains, float)
+    g = g[~np.isnan(g)]
+    if len(g) < 2:
+        return HeldOut(float(np.mean(g)) if len(g) else float("nan"), float("nan"), len(g), False)
+    mean, err = float(g.mean()), float(g.std(ddof=1) / np.sqrt(len(g)))
+    return HeldOut(mean, err, len(g), bool(mean > 0 and mean > student_t.ppf(level, len(g) - 1) * err))
 
 
 def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
@@ -170,10 +198,9 @@ def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     configuration is predicted to beat it, the advice is not to speculate.
 
     The recommendation is the *robust* configuration (the best worst case over every sample prompt,
-    ``worst_ratio``) unless a kind's best (highest median) beats it on that kind's prompts by a
-    one-sided sign test at ``1 - level``. A kind's few sample prompts need not represent the kind
-    (two prompts of structured text can both favour long k where others of the kind do not), and a
-    sign test says so: with fewer than four prompts of a kind it never overrides (``chosen_by``).
+    ``worst_ratio``) unless the kind's own choice beats it on prompts it did not see (``held_out``: leave one prompt
+    out, the held-out gain beyond its error at ``level``); ``cv_gain`` and ``cv_error`` say by how much, on every row
+    of the kind, and ``chosen_by`` why.
     """
     pooled = pd.concat([pred, pred.assign(kind="all")], ignore_index=True) if pred.kind.nunique() > 1 else pred
     rows = [{"kind": kind, **PLAIN, "prompts": g.prompt_id.nunique(), "predicted": 1.0, "predicted_lo": 1.0,
@@ -196,16 +223,19 @@ def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     everywhere = out[out.kind == ("all" if "all" in set(out.kind) else out.kind.iloc[0])]
     robust_at = everywhere.sort_values(["worst_ratio", "predicted"], ascending=False).index[0]
     robust = cfg[robust_at]
-    out["recommended"], out["chosen_by"] = False, ""
+    out["recommended"], out["chosen_by"], out["cv_gain"], out["cv_error"] = False, "", np.nan, np.nan
     for kind, g in out.groupby("kind", sort=False):
         best = cfg[g["rank"].idxmin()]
         why, pick = f"robust: best worst case over all sample prompts ({out.worst_ratio[robust_at]:.3f} of each one's best)", robust
-        if best != robust and kind != "all":
-            wins, n, p = sign_test(pred[pred.kind == kind], best, robust)
-            if p <= 1 - level:
-                why, pick = f"kind's best: beats the robust choice on {wins} of {n} prompts (sign test p={p:.3f})", best
-            else:
-                why += f"; the kind's best beats it on {wins} of {n} prompts (sign test p={p:.3f} > {1 - level:.2f})"
+        if kind != "all":
+            h = held_out(pred[pred.kind == kind], robust, level)
+            out.loc[g.index, ["cv_gain", "cv_error"]] = [h.gain, h.error]
+            said = (f"the kind's own choice, made without each prompt, gains {100 * h.gain:+.0f}% "
+                    f"(± {100 * h.error:.0f}%) on it over the robust choice ({h.prompts} prompts left out in turn)")
+            if best != robust and h.beyond:
+                why, pick = f"kind's best: {said}", best
+            elif best != robust:
+                why += f"; {said}: not beyond its error at {level:.0%}"
         chosen = next(i for i in g.index if cfg[i] == pick)
         out.loc[chosen, ["recommended", "chosen_by"]] = [True, why]
     return out.sort_values(["kind", "rank"]).reset_index(drop=True)

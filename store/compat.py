@@ -28,7 +28,8 @@ import pyarrow as pa
 #     `timemodel2`, written before the robust choice), timing's model sizes (target_/draft_ params, bytes,
 #     layers: every timing file before issue 21), speed's counts by depth and by pass width (checked_by_depth,
 #     accepted_by_depth, draft_calls_by_width, passes_by_width, loop_new_tokens: every speed file before tree arms),
-#     a plan's interval for an unseen prompt (unseen_lo, unseen_hi, unseen_coverage: every plan before issue 38).
+#     a plan's interval for an unseen prompt and its kinds' held-out gains (unseen_lo, unseen_hi, unseen_coverage,
+#     cv_gain, cv_error: every plan before issue 38).
 #     The readers test these for NaN.
 NOT_MEASURED = None
 LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["checked_by_depth", "accepted_by_depth", "draft_calls_by_width",
@@ -40,7 +41,7 @@ LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["c
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
                                   "block_draft_step_s", "worst_ratio", "chosen_by", "target_params", "target_bytes",
                                   "target_layers", "draft_params", "draft_bytes", "draft_layers", "unseen_lo", "unseen_hi",
-                                  "unseen_coverage"], NOT_MEASURED)}
+                                  "unseen_coverage", "cv_gain", "cv_error"], NOT_MEASURED)}
 
 
 # Loop facts of one stage's rows: filled in that stage's older files, never added to other tables.

@@ -26,6 +26,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("predicted_iid", "float64"), ("alpha", "float64"), ("rank", "int32"), ("recommended", "bool"),
     ("level", "float64"), ("prompt_ids", "string"), ("worst_ratio", "float64"), ("chosen_by", "string"),
     ("unseen_lo", "float64"), ("unseen_hi", "float64"), ("unseen_coverage", "float64"),
+    ("cv_gain", "float64"), ("cv_error", "float64"),
 ])
 NEEDS = ("timing", "acceptance")
 
@@ -92,7 +93,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                               {"predicted_speedup": best.predicted, "predicted_lo": best.predicted_lo,
                                "predicted_hi": best.predicted_hi, "prompts": int(best.prompts),
                                "worst_ratio": best.worst_ratio,
-                               **{c: getattr(best, c, float("nan")) for c in ("unseen_lo", "unseen_hi", "unseen_coverage")}}))
+                               **{c: getattr(best, c, float("nan")) for c in ("unseen_lo", "unseen_hi", "unseen_coverage", "cv_gain", "cv_error")}}))
         metrics[f"predicted_speedup_{kind}"] = float(best.predicted)
         summary.append(f"{kind}: recommended {choice_text(best)}: predicted speed-up {best.predicted:.2f} "
                        f"({interval_text(best)}, {unseen_text(best)}, "
