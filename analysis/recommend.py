@@ -200,6 +200,31 @@ def check(speed: pd.DataFrame, boot: dict, plan: pd.DataFrame | None = None) -> 
     return pd.DataFrame(rows)
 
 
+def unseen_check(speed: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
+    """The loop closed, per pair and kind: the plan's choice, its predicted speed-up and where it said an unseen
+    prompt of the kind would fall (and how often), then each checked prompt's measured speed-up (the median of its
+    recommended runs under the latest plan over the adjacent plain run) and how many fell inside. Over a
+    campaign's checks the share inside, beside the stated coverage, is the planner's track record."""
+    rec = plan[plan.recommended & (plan.kind != "all")]
+    runs = speed[(speed.arm == "recommended") & ~other_plans(speed, plan)] if not speed.empty else speed
+    rows = []
+    for r in rec.itertuples():
+        mine = runs[(runs.pair == r.pair) & (runs.kind == r.kind)] if len(runs) else runs
+        per_prompt = mine.groupby("prompt_id").ratio_to_adjacent_plain.median() if len(mine) else pd.Series(dtype=float)
+        lo, hi = getattr(r, "unseen_lo", np.nan), getattr(r, "unseen_hi", np.nan)
+        stated = lo == lo and len(per_prompt)
+        inside = int(((per_prompt >= lo) & (per_prompt <= hi)).sum()) if stated else 0
+        rows.append({"pair": r.pair, "kind": r.kind, "choice": Arm("speculative", int(r.k) or None, str(r.k_policy),
+                                                                      str(r.drafter)).label,
+                     "predicted": float(r.predicted), "unseen_lo": lo, "unseen_hi": hi,
+                     "stated_coverage": getattr(r, "unseen_coverage", np.nan), "prompts_checked": len(per_prompt),
+                     "measured": float(per_prompt.median()) if len(per_prompt) else np.nan,
+                     "inside": inside if stated else np.nan,
+                     "inside_share": inside / len(per_prompt) if stated else np.nan})
+    return pd.DataFrame(rows, columns=["pair", "kind", "choice", "predicted", "unseen_lo", "unseen_hi",
+                                       "stated_coverage", "prompts_checked", "measured", "inside", "inside_share"])
+
+
 def fixed_ranking(speed: pd.DataFrame, plan: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every arm's pooled median speed-up over adjacent plain runs, best first (the recommended arm's
     runs of the latest plan only, with ``plan``)."""
@@ -218,6 +243,7 @@ class Recommendation:
     plan: pd.DataFrame
     check: pd.DataFrame
     ranking: pd.DataFrame
+    unseen: pd.DataFrame  # the plan's statement for an unseen prompt against the prompts its check ran
 
 
 def recommendation(outputs_dir: str, campaign: str, boot: dict) -> Recommendation | None:
@@ -229,7 +255,7 @@ def recommendation(outputs_dir: str, campaign: str, boot: dict) -> Recommendatio
     speed = read_speed(outputs_dir, campaign)
     checked = check(speed, boot, plan) if not speed.empty else pd.DataFrame()
     ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed)), plan) if not checked.empty else pd.DataFrame()
-    return Recommendation(plan, checked, ranking)
+    return Recommendation(plan, checked, ranking, unseen_check(speed, plan))
 
 
 def show_plan(plan: pd.DataFrame, top: int) -> str:
@@ -284,6 +310,10 @@ def main() -> None:
     plan, checked, ranking = rec.plan, rec.check, rec.ranking
     print(f"campaign {campaign}")
     print(show_plan(plan, args.top))
+    if rec.unseen.prompts_checked.sum():
+        print("\nthe plan's statement for an unseen prompt, against the prompts its check ran (per prompt: the median "
+              "of its recommended runs over the adjacent plain run):")
+        print(markdown_table(rec.unseen))
     if not checked.empty:
         print("\ncheck in adjacent runs (median of within-block tokens/s ratios, 95% CI):")
         print(markdown_table(checked))
@@ -294,6 +324,7 @@ def main() -> None:
         save_table(plan.drop(columns=["campaign"], errors="ignore"), out / "recommendation.parquet")
         save_table(checked, out / "recommendation_check.parquet")
         save_table(ranking, out / "recommendation_ranking.parquet")
+        save_table(rec.unseen, out / "recommendation_unseen.parquet")
 
 
 if __name__ == "__main__":

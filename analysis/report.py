@@ -30,7 +30,8 @@ TABLES = ("acceptance_table", "speed_points", "predictor_errors", "drift", "brea
           "divergences", "distribution_rates", "distribution_tests", "drafter_comparison", "adaptive_vs_fixed",
           "sampled_alpha", "strategy_comparison", "batch_costs", "batch_speedups", "batch_model_error",
           "time_model_points", "time_model_errors", "time_model_decomposition", "time_model_exercise4",
-          "time_model_calibration", "recommendation", "recommendation_check", "recommendation_ranking")
+          "time_model_calibration", "recommendation", "recommendation_check", "recommendation_ranking",
+          "recommendation_unseen")
 
 
 def read_jobs(params: dict) -> pd.DataFrame:
@@ -193,6 +194,7 @@ def context(params: dict) -> dict:
             "exercise4_words": say.exercise4_paragraph(ex4, t["time_model_decomposition"]) if not ex4.empty else "",
             "recommended": t["recommendation"][t["recommendation"].recommended] if not t["recommendation"].empty
             else pd.DataFrame(),
+            "unseen": t["recommendation_unseen"],
             "check": say.shown_check(t["recommendation_check"]) if not t["recommendation_check"].empty
             else pd.DataFrame(),
             "check_verdict": say.best_fixed_verdict(t["recommendation_check"]) if not t["recommendation_check"].empty
