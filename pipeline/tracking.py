@@ -52,6 +52,24 @@ log = logging.getLogger("speclab")
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
+NOTE_LIMIT = 8000  # MLflow's limit on a tag's value (a run's description): it truncates longer ones with a warning
+
+
+def note_text(lines: list[str], limit: int = NOTE_LIMIT) -> str:
+    """A run's description: its lines, whole, up to MLflow's limit, then how many were left out and where they are."""
+    text = "\n".join(lines)
+    if len(text) <= limit:
+        return text
+    kept, size = [], 0
+    for line in lines:
+        if size + len(line) + 1 > limit - 120:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    return "\n".join(kept + [f"... {len(lines) - len(kept)} more lines: the job's console log and its Parquet file "
+                              "hold them (MLflow keeps 8,000 characters)"])
+
+
 def environment_tags(device: str, dtype: str) -> dict[str, str]:
     tags = {"git_commit": git_commit(), "device": device, "dtype": dtype, "host": platform.node(),
             "python": sys.version.split()[0]}
@@ -346,7 +364,7 @@ class Tracker:
             if table is not None:
                 c.log_table(run_id, data=table, artifact_file="summary.json")
             if description:
-                c.set_tag(run_id, "mlflow.note.content", "\n".join(description)[:20000])
+                c.set_tag(run_id, "mlflow.note.content", note_text(description))
             for key, value in (tags or {}).items():
                 c.set_tag(run_id, key, value)
             c.set_terminated(run_id, "FINISHED")
@@ -487,7 +505,7 @@ def summary_after_failure() -> None:
     if tracker is not None and parent is not None:
         from pipeline.summary import sweep_metrics
 
-        tracker._call(lambda c: (c.set_tag(parent, "mlflow.note.content", "\n".join(lines)[:20000]),
+        tracker._call(lambda c: (c.set_tag(parent, "mlflow.note.content", note_text(lines)),
                                  [c.log_metric(parent, k, v) for k, v in sweep_metrics(table).items()]))
 
 

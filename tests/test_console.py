@@ -78,3 +78,14 @@ def test_a_ctrl_c_landing_in_a_finalizer_or_a_thread_prints_no_traceback():
     assert "Traceback" in loud.stderr and "KeyboardInterrupt" in loud.stderr  # what Python does on its own
     quiet = run("from pipeline.errors import quiet_interrupts; quiet_interrupts()")
     assert quiet.stderr == "" and quiet.stdout == "went on\n"
+
+
+def test_a_long_run_description_fits_mlflows_limit_in_whole_lines():
+    from pipeline.tracking import NOTE_LIMIT, note_text
+
+    short = ["a", "b"]
+    assert note_text(short) == "a\nb"
+    lines = [f"line {i}: " + "x" * 90 for i in range(200)]  # about 20,000 characters
+    text = note_text(lines)
+    assert len(text) <= NOTE_LIMIT and text.splitlines()[:-1] == lines[:len(text.splitlines()) - 1]
+    assert text.splitlines()[-1].startswith(f"... {200 - (len(text.splitlines()) - 1)} more lines")
