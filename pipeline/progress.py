@@ -7,10 +7,8 @@ process, in a joblib worker and on a SLURM node alike."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +19,13 @@ STATE = ".speclab_sweep.json"
 
 
 def sweep_size(params: dict[str, str], overrides: list[str]) -> int:
-    """How many jobs Hydra's basic sweeper makes of the preset's params and the command line's overrides (a later
-    value of a key replaces an earlier one; each comma list multiplies)."""
+    """How many jobs Hydra's basic sweeper makes of the preset's params and the command line's overrides: its own
+    split of them (a later value of a key replaces an earlier one; each comma list multiplies)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides([*(f"{k}={v}" for k, v in params.items()), *overrides])
-    sizes: OrderedDict[str, int] = OrderedDict()
-    for o in parsed:
-        sizes[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
-    return math.prod(sizes.values())
+    return len(BasicSweeper.split_arguments(parsed, None)[0])
 
 
 def minutes(seconds: float) -> str:
