@@ -28,7 +28,6 @@ class PublishedFigure:
     lo: float
     hi: float
     runs: int
-    machine: str  # where the campaign was measured, as its provenance records it
 
     def text(self) -> str:
         interval = f"{self.lo:.2f}-{self.hi:.2f}" if self.lo == self.lo else "no interval"
@@ -49,9 +48,12 @@ def pair_campaign(answer, pair: str) -> str | None:
 
 
 def campaign_machine(answer, campaign: str) -> str:
+    """Where the campaign was measured, as its results' provenance records it."""
+    from analysis.answer import NOT_RECORDED
+
     prov = answer.provenance[(answer.provenance.campaign == campaign)]
     machines = prov.machines if "machines" in prov else pd.Series(dtype=str)
-    recorded = sorted({m for ms in machines for m in str(ms).split("; ") if m and m != "not recorded"})
+    recorded = sorted({m for ms in machines for m in str(ms).split("; ") if m and m != NOT_RECORDED})
     return f"on {'; '.join(recorded)}" if recorded else "on a machine whose CPU model is not recorded"
 
 
@@ -60,10 +62,9 @@ def published_best(answer, pair: str) -> list[PublishedFigure]:
     campaign = pair_campaign(answer, pair)
     if campaign is None:
         return []
-    machine = campaign_machine(answer, campaign)
     rows = answer.best[(answer.best.pair == pair) & (answer.best.campaign == campaign)]
     return [PublishedFigure(campaign, str(r.kind), str(r.best).removesuffix(PLAN_SUFFIX), float(r.speedup),
-                            float(r.speedup_lo), float(r.speedup_hi), int(r.runs), machine) for r in rows.itertuples()]
+                            float(r.speedup_lo), float(r.speedup_hi), int(r.runs)) for r in rows.itertuples()]
 
 
 def published_figure(answer, pair: str, kind: str, config: str) -> PublishedFigure | None:
@@ -76,7 +77,7 @@ def published_figure(answer, pair: str, kind: str, config: str) -> PublishedFigu
         return None
     r = rows.sort_values("runs", ascending=False).iloc[0]
     return PublishedFigure(str(campaign), kind, config, float(r.speedup), float(r.speedup_lo), float(r.speedup_hi),
-                           int(r.runs), campaign_machine(answer, str(campaign)))
+                           int(r.runs))
 
 
 def comparison_lines(answer, pair: str, arms: list, level: float = 0.95) -> list[str]:
