@@ -19,11 +19,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.answer import read_answer, render_text
-from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, run_script, save_table,
-                             with_defaults)
+from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, run_script, save_json,
+                             save_table, with_defaults)
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
 from speclab.arms import Arm
 from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
+from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, kind_checks, track_record
 from store.plans import latest_plan, latest_plan_campaign
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
@@ -201,28 +202,48 @@ def check(speed: pd.DataFrame, boot: dict, plan: pd.DataFrame | None = None) -> 
 
 
 def unseen_check(speed: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
-    """The loop closed, per pair and kind: the plan's choice, its predicted speed-up and where it said an unseen
-    prompt of the kind would fall (and how often), then each checked prompt's measured speed-up (the median of its
-    recommended runs under the latest plan over the adjacent plain run) and how many fell inside. Over a
-    campaign's checks the share inside, beside the stated coverage, is the planner's track record."""
-    rec = plan[plan.recommended & (plan.kind != "all")]
-    runs = speed[(speed.arm == "recommended") & ~other_plans(speed, plan)] if not speed.empty else speed
+    """The loop closed, per pair and kind, for the latest plan: its choice, its predicted speed-up and where it said
+    an unseen prompt of the kind would fall (and how often), the speed-up measured on the checked prompts it did not
+    see (inside or not), and the recommendation against the best arm measured beside it (``store.plan_check``)."""
+    runs = speed[~other_plans(speed, plan)] if not speed.empty else speed
+    return kind_checks(runs, plan)
+
+
+def check_history(speed: pd.DataFrame, plans: pd.DataFrame, latest: pd.DataFrame) -> pd.DataFrame:
+    """``unseen_check`` for every plan of the campaign that a check followed: the latest plan's as above, an earlier
+    plan's on the runs of the jobs that recorded following it (``job_plan``). Its rows are the planner's track record."""
+    out = []
+    if speed.empty or plans.empty:
+        return pd.DataFrame(columns=["plan", *PLAN_CHECK_COLUMNS])
+    latest_stem = {f"{r.pair}-{r.config_hash}" for r in latest.itertuples()}
+    for (pair, job), p in plans.groupby(["pair", "config_hash"], sort=True):
+        stem = f"{pair}-{job}"
+        runs = speed[~other_plans(speed, p)] if stem in latest_stem else speed[speed.job_plan.eq(stem)]
+        if (runs.arm == "recommended").any():
+            out.append(kind_checks(runs, p).assign(plan=stem, finished_at=str(p.finished_at.iloc[0])))
+    if not out:
+        return pd.DataFrame(columns=["plan", *PLAN_CHECK_COLUMNS])
+    return pd.concat(out, ignore_index=True).sort_values(["finished_at", "pair", "kind"]).drop(columns="finished_at")
+
+
+def plan_summary(plan: pd.DataFrame) -> pd.DataFrame:
+    """Per pair and kind, what the plan says and on what: its choice, per kind or pooled (and why), the sample's size
+    and why it stopped there, the predicted speed-up, the interval for an unseen prompt with how often it holds, and
+    the kind's own choice's held-out gain over the pooled one with its error (cross-validated: leave one prompt out)."""
     rows = []
-    for r in rec.itertuples():
-        mine = runs[(runs.pair == r.pair) & (runs.kind == r.kind)] if len(runs) else runs
-        per_prompt = mine.groupby("prompt_id").ratio_to_adjacent_plain.median() if len(mine) else pd.Series(dtype=float)
-        lo, hi = getattr(r, "unseen_lo", np.nan), getattr(r, "unseen_hi", np.nan)
-        stated = lo == lo and len(per_prompt)
-        inside = int(((per_prompt >= lo) & (per_prompt <= hi)).sum()) if stated else 0
-        rows.append({"pair": r.pair, "kind": r.kind, "choice": Arm("speculative", int(r.k) or None, str(r.k_policy),
-                                                                      str(r.drafter)).label,
-                     "predicted": float(r.predicted), "unseen_lo": lo, "unseen_hi": hi,
-                     "stated_coverage": getattr(r, "unseen_coverage", np.nan), "prompts_checked": len(per_prompt),
-                     "measured": float(per_prompt.median()) if len(per_prompt) else np.nan,
-                     "inside": inside if stated else np.nan,
-                     "inside_share": inside / len(per_prompt) if stated else np.nan})
-    return pd.DataFrame(rows, columns=["pair", "kind", "choice", "predicted", "unseen_lo", "unseen_hi",
-                                       "stated_coverage", "prompts_checked", "measured", "inside", "inside_share"])
+    for r in plan[plan.recommended & (plan.kind != "all")].sort_values(["pair", "kind"]).itertuples():
+        why = str(getattr(r, "chosen_by", "") or "")
+        cover = getattr(r, "unseen_coverage", np.nan)
+        rows.append({"pair": r.pair, "kind": r.kind,
+                     "choice": Arm("speculative", int(r.k) or None, str(r.k_policy), str(r.drafter)).label,
+                     "chosen": "per kind" if why.startswith("kind's best") else "pooled" if why else "not recorded",
+                     "sample": int(r.prompts), "predicted": float(r.predicted),
+                     "unseen": f"{r.unseen_lo:.2f}-{r.unseen_hi:.2f} ({100 * cover:.0f}%)" if cover == cover
+                     else "not stated",
+                     "cv_gain": getattr(r, "cv_gain", np.nan), "cv_error": getattr(r, "cv_error", np.nan),
+                     "sample_stop": str(getattr(r, "sample_stop", "") or ""), "why": why})
+    return pd.DataFrame(rows, columns=["pair", "kind", "choice", "chosen", "sample", "predicted", "unseen", "cv_gain",
+                                       "cv_error", "sample_stop", "why"])
 
 
 def fixed_ranking(speed: pd.DataFrame, plan: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -244,18 +265,38 @@ class Recommendation:
     check: pd.DataFrame
     ranking: pd.DataFrame
     unseen: pd.DataFrame  # the plan's statement for an unseen prompt against the prompts its check ran
+    history: pd.DataFrame  # the same for every plan of the campaign a check followed (the track record's rows)
+
+    @property
+    def record(self) -> dict[str, float]:
+        """The planner's track record in this campaign (``store.plan_check.track_record``)."""
+        return track_record(self.history)
 
 
 def recommendation(outputs_dir: str, campaign: str, boot: dict) -> Recommendation | None:
     """The latest plan of ``campaign`` and how it fared (None: the campaign holds no plan)."""
-    plan = read_plans(outputs_dir, campaign)
-    if plan.empty:
+    plans = read_plans(outputs_dir, campaign)
+    if plans.empty:
         return None
-    plan = latest_plan(plan)
+    plan = latest_plan(plans)
     speed = read_speed(outputs_dir, campaign)
     checked = check(speed, boot, plan) if not speed.empty else pd.DataFrame()
     ranking = fixed_ranking(exploratory_blocks(checked_blocks(speed)), plan) if not checked.empty else pd.DataFrame()
-    return Recommendation(plan, checked, ranking, unseen_check(speed, plan))
+    return Recommendation(plan, checked, ranking, unseen_check(speed, plan), check_history(speed, plans, plan))
+
+
+def record_text(record: dict[str, float]) -> str:
+    """The track record in one sentence."""
+    if not record["checks"]:
+        return "track record: no check of a plan yet (`python -m pipeline.run +sweep=check_plan` in its campaign)"
+
+    def pct(v: float) -> str:
+        return f"{100 * v:.0f}%" if v == v else "not stated"
+
+    return (f"track record: {record['checks']:.0f} kind(s) checked, the measured speed-up inside the stated interval "
+            f"in {pct(record['inside_share'])}; {record['prompts_checked']:.0f} checked prompts with a stated interval, "
+            f"{pct(record['prompts_inside_share'])} inside (stated {pct(record['stated_coverage'])}); the "
+            f"recommendation held against the best measured arm in {pct(record['holds_share'])}")
 
 
 def show_plan(plan: pd.DataFrame, top: int) -> str:
@@ -309,11 +350,16 @@ def main() -> None:
                             f"campaign={campaign}`")
     plan, checked, ranking = rec.plan, rec.check, rec.ranking
     print(f"campaign {campaign}")
+    print("per kind: the choice, per kind or pooled, the sample and why it stopped there, the interval for an unseen "
+          "prompt (how often it holds), the held-out gain of the kind's own choice over the pooled one and its error:")
+    print(markdown_table(plan_summary(plan).drop(columns=["why"])))
     print(show_plan(plan, args.top))
     if rec.unseen.prompts_checked.sum():
-        print("\nthe plan's statement for an unseen prompt, against the prompts its check ran (per prompt: the median "
-              "of its recommended runs over the adjacent plain run):")
+        print("\nthe plan against its check on prompts it did not see (per prompt: the median of its recommended runs "
+              "over the adjacent plain run; vs_best: within-block tokens/s over the best other arm, 95% interval; "
+              f"holds: at least {SHORTFALL} of it, or the plan could not tell them apart):")
         print(markdown_table(rec.unseen))
+    print(record_text(rec.record))
     if not checked.empty:
         print("\ncheck in adjacent runs (median of within-block tokens/s ratios, 95% CI):")
         print(markdown_table(checked))
@@ -325,6 +371,11 @@ def main() -> None:
         save_table(checked, out / "recommendation_check.parquet")
         save_table(ranking, out / "recommendation_ranking.parquet")
         save_table(rec.unseen, out / "recommendation_unseen.parquet")
+        save_table(plan_summary(plan), out / "recommendation_summary.parquet")
+        save_table(rec.history, out / "recommendation_history.parquet")
+        # dvc metrics: the track record, one row for the campaign (JSON has no NaN: not measured is null)
+        record = {k: None if v != v else v for k, v in rec.record.items()}
+        save_json({"campaign": campaign, **record}, Path(params["metrics_dir"]) / "planner.json")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from analysis.common import load_params, markdown_table, published_campaign, rea
 from analysis.engines import FOLDER as ENGINES, first_screen, read_tables as engine_tables
 from analysis.figure_captions import CAPTIONS
 from analysis.inputs import AnalysisError, campaign_dir
+from analysis.recommend import record_text
+from store.plan_check import track_record
 from store.files import atomic_write_text
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -31,7 +33,7 @@ TABLES = ("acceptance_table", "speed_points", "predictor_errors", "drift", "brea
           "sampled_alpha", "strategy_comparison", "batch_costs", "batch_speedups", "batch_model_error",
           "time_model_points", "time_model_errors", "time_model_decomposition", "time_model_exercise4",
           "time_model_calibration", "recommendation", "recommendation_check", "recommendation_ranking",
-          "recommendation_unseen")
+          "recommendation_unseen", "recommendation_summary", "recommendation_history")
 
 
 def read_jobs(params: dict) -> pd.DataFrame:
@@ -52,15 +54,16 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def headings(campaign: str, tm_campaign: str | None) -> dict[str, str]:
+def headings(campaign: str, tm_campaign: str | None, plan_campaign: str | None = None) -> dict[str, str]:
     """Every appendix section's heading, so the report can link to it."""
     c, tm = f"(campaign {campaign})", f"(campaign {tm_campaign})" if tm_campaign else ""
+    planned = f"(campaign {plan_campaign})" if plan_campaign else tm
     return {"verdict": f"Verdict: the draft model's best k per kind {c}",
             "steps": f"Step and pass times {c}",
             "acceptance": f"Acceptance {c}",
             "speed": f"Speed: predicted vs measured {c}",
             "time_model": f"Predicting the speed-up: the time model {tm}".rstrip(),
-            "planner": f"The planner's recommendation, checked {tm}".rstrip(),
+            "planner": f"The planner's recommendation, checked {planned}".rstrip(),
             "strategies": f"Drafters and k policies {c}",
             "sampling": f"Sampling: acceptance against greedy {c}",
             "drift": f"Drift {c}",
@@ -182,7 +185,8 @@ def context(params: dict) -> dict:
         return text + (f"\n*{CAPTIONS[name]}*\n" if name in CAPTIONS else "")
 
     return {"params": params, "campaign": campaign, "t": t, "jobs": jobs, "fig": fig,
-            "h": headings(campaign, tm_campaign), "appendix": APPENDIX, "full": f"analysis/{FULL_TABLES}",
+            "h": headings(campaign, tm_campaign, params.get("plan_campaign")), "appendix": APPENDIX,
+            "plan_campaign": params.get("plan_campaign") or tm_campaign, "full": f"analysis/{FULL_TABLES}",
             "answer": "\n".join(render(ans)) if ans is not None else
             "## The answer\n\n_not computed yet: run `python -m analysis.answer` (or `dvc repro`)_\n",
             "engines": engines(params),
@@ -195,6 +199,9 @@ def context(params: dict) -> dict:
             "recommended": t["recommendation"][t["recommendation"].recommended] if not t["recommendation"].empty
             else pd.DataFrame(),
             "unseen": t["recommendation_unseen"],
+            "plan_summary": t["recommendation_summary"],
+            "track_record": record_text(track_record(t["recommendation_history"]))
+            if not t["recommendation_history"].empty else "",
             "check": say.shown_check(t["recommendation_check"]) if not t["recommendation_check"].empty
             else pd.DataFrame(),
             "check_verdict": say.best_fixed_verdict(t["recommendation_check"]) if not t["recommendation_check"].empty

@@ -218,6 +218,9 @@ class TimingStage(StageBase):
     repeats: int = setting(20, int_at_least(1), doc="timed passes of each length")
     warmup: int = setting(3, int_at_least(0), doc="untimed passes before them")
     prompts_to_time: int = setting(1, int_at_least(1), doc="the first n prompts of the selection")
+    time_per_kind: int = setting(0, worded(int_at_least(0), "an integer >= 0 (0: prompts_to_time)"), neutral=0,
+                                 doc="n > 0: time the first n prompts of each kind instead (each kind's context "
+                                     "lengths, at a cost that does not grow with the sample)")
     context_extra: list[int] = setting([0], ints_at_least(0, nonempty=True), neutral=[0],
                                        doc="pass times after the prompt and after each of these many more tokens "
                                            "(the context grows)")
@@ -314,6 +317,16 @@ class PlanStage(TimingStage, AcceptanceStage):
                                  "(speclab.stats.median_ci); kept so that stored plans keep their config hash")
     level: float = setting(default_of(recommend, "level"), number_in(0, 1, lo_open=True, hi_open=True),
                            doc="interval level; a kind overrides the robust choice when its held-out gain passes a t test at it")
+    # The sample grows a kind at a time (greedy reference and replay only; the timing part runs once) until the kind
+    # is settled or a budget is spent (pipeline/stages/plan_sample.py); unset: the sample as prompts.per_kind chose it.
+    sample_precision: Optional[float] = setting(
+        0.05, unset_or(number_in(0, 1, lo_open=True, hi_open=True)), neutral=None,
+        doc="add prompts of a kind until its recommendation is, at the plan's level, at most this much below the "
+            "runner-up (speclab/planning.py settled); null: never add")
+    sample_max_prompts: int = setting(8, int_at_least(2), neutral=8, doc="with sample_precision: the most prompts a kind")
+    sample_budget_minutes: float = setting(20.0, number_in(0, float("inf"), lo_open=True, hi_open=True), neutral=20.0,
+                                           doc="with sample_precision: add no prompt that would end the plan job "
+                                               "after this many minutes (from its start, models' loading included)")
 
 
 @dataclass

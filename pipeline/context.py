@@ -1,6 +1,8 @@
 """Shared set-up for every stage: threads, seeds, the model pair, the prompts and the strategies."""
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +14,7 @@ from pipeline.jobs import config_hash
 from pipeline.prompts import Prompt, load_prompts
 from pipeline.strategies import drafter_conf, make_drafter, policy_conf, policy_spec
 from pipeline.trust import LoadSampler
-from pipeline.turns import prompt_inputs
+from pipeline.turns import PromptInputs, prompt_inputs
 from speclab.arms import policies as arm_policies
 from speclab.models import ModelPair, load_pair
 from speclab.strategy import Strategy, make_strategy, measure_prices
@@ -30,6 +32,24 @@ class StageContext:
     prompt_record: dict[str, Any] = field(default_factory=dict)  # how the contexts were made (provenance)
     load: LoadSampler = field(default_factory=LoadSampler)  # the stage's load averages (pipeline/trust.py)
     runner: Any = None  # the engine that runs the arms (pipeline/engine_speclab.py, pipeline/engine_llama.py)
+    make_inputs: Callable[[list[Prompt]], PromptInputs] | None = None  # more prompts' contexts, as the first were made
+    started: float = field(default_factory=time.monotonic)  # when the job began loading its models (pipeline.run)
+
+    def add_prompts(self, prompts: list[Prompt]) -> None:
+        """Prompts joining the job after its start (a plan's growing sample): their contexts made and checked like the
+        first ones', and the provenance record counting them."""
+        if self.make_inputs is None:
+            raise ValueError("this job's engine cannot add prompts after its start")
+        made = self.make_inputs(prompts)
+        self.inputs.update(made.ids)
+        self.prompts = [*self.prompts, *prompts]
+        rec = self.prompt_record
+        rec["two_turn_prompts"] = int(rec.get("two_turn_prompts") or 0) + int(made.record["two_turn_prompts"])
+        if rec.get("template_used") != made.record["template_used"]:
+            rec["template_used"] = "mixed"
+        if made.record.get("answers"):
+            rec["answers"] = {**(rec.get("answers") or {}), **made.record["answers"]}
+            rec["answers_dir"] = made.record["answers_dir"]
 
     def close(self) -> None:
         """Stop what the engine started (llama.cpp's servers); speclab's own loop holds nothing."""
@@ -101,4 +121,5 @@ def own_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageCo
     prompts = prompts if prompts is not None else load_job_prompts(cfg)
     pair = load_pair(cfg.pair.target, cfg.pair.draft, cfg.device, cfg.pair.dtype, cfg.pair.draft_dtype or None)
     made = prompt_inputs(cfg, pair, prompts, job_k_max(cfg))
-    return StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record)
+    return StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record,
+                        make_inputs=lambda more: prompt_inputs(cfg, pair, more, job_k_max(cfg)))

@@ -139,7 +139,8 @@ class LlamaRunner:
         models = PromptModels(tok, torch.device("cpu"), gguf_vocab(target), {"target": limit, "draft": limit}, {},
                               lambda c: self.engine.generate(PLAIN, c[0].tolist(), n_new).tokens, self._weights)
         made = prompt_inputs(cfg, None, prompts, self.k_max(cfg), models)
-        ctx = StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record, runner=self)
+        ctx = StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record, runner=self,
+                           make_inputs=lambda more: prompt_inputs(cfg, None, more, self.k_max(cfg), models))
         ctx.prompt_record["engine"] = {"binary": settings.binary, "target_gguf": str(target), "draft_gguf": str(draft),
                                        "threads": settings.threads, "ctx_size": settings.ctx_size,
                                        "cache_prompt": settings.cache_prompt, "extra_args": list(settings.extra_args)}

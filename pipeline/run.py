@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, redirect_stdout
 from pathlib import Path
@@ -140,7 +141,9 @@ class Job:
             if self.ctx is None:
                 log.info(f"loading {self.cfg.pair.target} + draft {self.cfg.pair.draft} and "
                          f"{len(self.prompts)} prompts on {describe(str(resolve_device(str(self.cfg.device))))}")
+                began = time.monotonic()
                 self.ctx = build_context(self.cfg, self.prompts)
+                self.ctx.started = began  # a budget of the job's minutes counts its loading too
             log.info(f"[{part}] running: {module.describe(self.cfg)}")
             self.ctx.load = LoadSampler()
             self.ctx.load.sample()  # at the start; the stage samples between its blocks

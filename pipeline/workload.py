@@ -71,7 +71,8 @@ def commands(w: Workload, overrides: list[str]) -> list[list[str]]:
     common = [f"prompts.file={w.file}", "prompts.kinds=[" + ",".join(f"'{k}'" for k in w.kinds) + "]",
               *([f"campaign={w.campaign}"] if "campaign" not in given else [])]
     run = [sys.executable, "-m", "pipeline.run"]
-    plan = [*run, "stage=plan", *common, f"prompts.per_kind={PLAN_PER_KIND}", *overrides]
+    # The split is fixed before the plan runs, so the plan keeps its sample (a grown one would eat the check's prompts).
+    plan = [*run, "stage=plan", *common, f"prompts.per_kind={PLAN_PER_KIND}", "stage.sample_precision=null", *overrides]
     check = [*run, "stage=speed", *common, f"prompts.skip_per_kind={PLAN_PER_KIND}",
              f"prompts.per_kind={CHECK_PER_KIND}", "stage.arms=[{method:recommended}]",
              *([f"stage.rounds={w.check_rounds()}"] if "stage.rounds" not in given else []), *overrides]

@@ -189,6 +189,42 @@ def held_out(pred: pd.DataFrame, pooled: tuple, level: float) -> HeldOut:
     return HeldOut(mean, err, len(g), bool(mean > 0 and mean > student_t.ppf(level, len(g) - 1) * err))
 
 
+@dataclass(frozen=True)
+class Settled:
+    """Whether a kind's sample has told its recommendation apart from the runner-up (the highest other median)."""
+
+    runner_up: tuple | None  # (drafter, k_policy, k); None when the kind has one candidate
+    margin: float            # the lower bound at ``level`` of the recommendation's mean speed-up over the runner-up's,
+                             # a ratio (geometric mean over the kind's prompts); NaN below 2 prompts
+    prompts: int
+    settled: bool            # margin >= 1 - precision: no worse than ``precision`` below the runner-up, at ``level``
+
+
+def settled(pred: pd.DataFrame, chosen: tuple, precision: float, level: float) -> Settled:
+    """Per prompt of one kind, log(recommended / runner-up); the one-sided t lower bound of their mean at ``level``,
+    as a ratio. The sample is enough when that bound is at least ``1 - precision``: the recommendation is then told
+    apart from the runner-up (bound above 1), or the two are within ``precision`` of each other and either will do.
+    Two prompts settle it when they agree; prompts that disagree need more of them."""
+    from scipy.stats import t as student_t
+
+    table = per_prompt(pred)
+    values, configs = table.to_numpy(dtype=float), list(table.columns)  # configurations are tuples: by position
+    if chosen not in configs or len(configs) < 2:
+        return Settled(None, float("nan"), len(values), False)
+    at = configs.index(chosen)
+    medians = np.nanmedian(values, axis=0)
+    medians[at] = -np.inf
+    other = int(np.nanargmax(medians))
+    runner = tuple(configs[other])
+    logs = np.log(values[:, at] / values[:, other])
+    logs = logs[np.isfinite(logs)]
+    if len(logs) < 2:
+        return Settled(runner, float("nan"), len(logs), False)
+    err = logs.std(ddof=1) / np.sqrt(len(logs))
+    margin = float(np.exp(logs.mean() - student_t.ppf(level, len(logs) - 1) * err))
+    return Settled(runner, margin, len(logs), bool(margin >= 1 - precision - 1e-12))
+
+
 def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     """Per kind (and 'all'), every configuration's median predicted speed-up over the sample prompts,
     its distribution-free interval at ``level`` (none from fewer prompts than it needs), where an *unseen* prompt of

@@ -29,7 +29,8 @@ import pyarrow as pa
 #     layers: every timing file before issue 21), speed's counts by depth and by pass width (checked_by_depth,
 #     accepted_by_depth, draft_calls_by_width, passes_by_width, loop_new_tokens: every speed file before tree arms),
 #     a plan's interval for an unseen prompt and its kinds' held-out gains (unseen_lo, unseen_hi, unseen_coverage,
-#     cv_gain, cv_error: every plan before issue 38).
+#     cv_gain, cv_error: every plan before issue 38), a plan's reason for its sample's size and its margin over the
+#     runner-up (sample_stop: 'sample as chosen'; runner_up_margin: every plan before its sample grew).
 #     The readers test these for NaN.
 NOT_MEASURED = None
 LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["checked_by_depth", "accepted_by_depth", "draft_calls_by_width",
@@ -37,11 +38,12 @@ LATER_COLUMNS = {"tree_nodes": 0.0, "draft_call_width": 1.0, **dict.fromkeys(["c
                  "drafter": "model", "k_policy": "fixed", "context_mode": "prompt", "top_p": 1.0, "top_k": 0,
                  "with_prompt": False, "merged_prefill": False, "replayed": False, "replay_agrees": NOT_MEASURED,
                  "trust": "unchecked", "trust_detail": "", "engine": "speclab", "stopped_by": "rounds",
+                 "sample_stop": "sample as chosen (written before stage.sample_precision)",
                  **dict.fromkeys(["prompt_len", "length", "draft_fed", "draft_calls", "draft_s", "verify_s",
                                   "rollback_s", "total_s", "prefill_s", "wall_s", "block_target_step_s",
                                   "block_draft_step_s", "worst_ratio", "chosen_by", "target_params", "target_bytes",
                                   "target_layers", "draft_params", "draft_bytes", "draft_layers", "unseen_lo", "unseen_hi",
-                                  "unseen_coverage", "cv_gain", "cv_error"], NOT_MEASURED)}
+                                  "unseen_coverage", "cv_gain", "cv_error", "runner_up_margin"], NOT_MEASURED)}
 
 
 # Loop facts of one stage's rows: filled in that stage's older files, never added to other tables.

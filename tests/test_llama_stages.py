@@ -192,3 +192,20 @@ def test_divergence_compares_with_the_plain_server(tmp_path):
     rows = _rows(tmp_path, "divergence")
     assert set(rows.engine) == {"llama_cpp"} and len(rows) == 1 and rows.k.tolist() == [2]
     assert set(rows.classification) <= {"identical", "length_only", "near_tie", "bug"}
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_plan_grows_its_sample_in_the_engine(tmp_path):
+    """The plan on llama.cpp adds a kind's next prompt as speclab's loop does (the engine makes its context), one
+    request per candidate on it, and says why the sample stopped."""
+    done = _job(tmp_path, "stage=plan", "stage.repeats=2", "stage.warmup=0", "stage.pass_lengths=[1,3]",
+                "stage.context_extra=[0]", "stage.prefill=false", "stage.sample_max_prompts=2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    acc, plan = _rows(tmp_path, "acceptance"), _rows(tmp_path, "plan")
+    assert set(acc.engine) == {"llama_cpp"} and acc.prompt_id.nunique() == 2  # one prompt never settles a kind
+    assert acc.groupby("prompt_id").size().nunique() == 1  # every candidate on the added prompt too
+    rec = plan[plan.recommended & (plan.kind == "code")].iloc[0]
+    assert rec.prompts == 2 and (rec.sample_stop.startswith("settled at 2")
+                                 or "stage.sample_max_prompts=2" in rec.sample_stop)
+    assert _rows(tmp_path, "timing").prompt_id.nunique() == 1  # passes timed once

@@ -101,11 +101,22 @@ def predates_merge(meta: dict) -> bool:
     return meta.get("finished_at", "") < MERGED_PREFILL_SINCE
 
 
+# Every plan finished before its sample could grow kept the sample prompts.per_kind chose and timed every
+# selected prompt (conf/stage/plan.yaml: prompts_to_time 100, no time_per_kind).
+SAMPLE_GROWS_SINCE = "2026-12-04T18:30:00+00:00"
+
+
 def as_before(cfg, meta: dict) -> None:
-    """A composed job as it ran before ``stage.replay``: every acceptance configuration ran the loop."""
+    """A composed job as it ran before ``stage.replay`` (every acceptance configuration ran the loop), and a plan job
+    as it ran before its sample grew."""
     if predates_merge(meta) and "replay" in cfg.stage:
         with open_dict(cfg):
             cfg.stage.replay = False
+    if meta.get("finished_at", "") < SAMPLE_GROWS_SINCE and cfg.stage.name == "plan":
+        with open_dict(cfg):
+            cfg.stage.sample_precision, cfg.stage.time_per_kind = None, 0
+            if not any(o.startswith("stage.prompts_to_time=") for o in meta["overrides"]):
+                cfg.stage.prompts_to_time = 100
 
 
 @pytest.fixture(scope="module")

@@ -280,14 +280,15 @@ def test_the_check_says_how_many_unseen_prompts_fell_where_the_plan_said():
     plan = pd.DataFrame([
         {"pair": "p", "kind": "code", "drafter": "prompt_lookup", "k_policy": "fixed", "k": 4, "recommended": True,
          "predicted": 1.3, "unseen_lo": 1.1, "unseen_hi": 1.5, "unseen_coverage": 0.6, "config_hash": "h",
-         "finished_at": "2026-01-01"},
+         "finished_at": "2026-01-01", "prompts": 2, "prompt_ids": "c0,p0"},
         {"pair": "p", "kind": "prose", "drafter": "model", "k_policy": "fixed", "k": 2, "recommended": True,
          "predicted": 1.1, "unseen_lo": np.nan, "unseen_hi": np.nan, "unseen_coverage": np.nan, "config_hash": "h",
-         "finished_at": "2026-01-01"}])
+         "finished_at": "2026-01-01", "prompts": 2, "prompt_ids": "c0,p0"}])
     runs = [("code", "c1", 1.2), ("code", "c1", 1.4), ("code", "c2", 1.6), ("code", "c2", 1.7), ("prose", "p1", 1.0)]
     speed = pd.DataFrame([{"pair": "p", "kind": k, "prompt_id": pid, "arm": "recommended", "drafter": "prompt_lookup",
                            "k_policy": "fixed", "k": 4, "ratio_to_adjacent_plain": r, "job_plan": "p-h",
-                           "job_started_at": "2026-02-01"} for k, pid, r in runs])
+                           "job_started_at": "2026-02-01", "config_hash": "s", "round": 0, "block": i,
+                           "tokens_per_s": 10 * r} for i, (k, pid, r) in enumerate(runs)])
     got = unseen_check(speed, plan).set_index("kind")
     # c1's median 1.3 falls inside 1.1-1.5, c2's 1.65 above it
     assert got.loc["code", ["prompts_checked", "inside", "inside_share"]].tolist() == [2, 1, 0.5]

@@ -132,7 +132,7 @@ def test_sha256sum_reads_the_manifests_and_the_seal():
 def test_params_campaigns_are_published():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for campaign in (params["campaign"], params["time_model"]["campaign"], params["pair_campaign"],
-                     params["spec_bench_campaign"], params["trees_campaign"]):
+                     params["spec_bench_campaign"], params["trees_campaign"], params["plan_campaign"]):
         assert is_published(OUTPUTS / "campaigns" / campaign), campaign
 
 

@@ -65,7 +65,7 @@ def _script(tmp_path, module, *args):
 @pytest.mark.slow
 def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_path):
     common = ["prompts.kinds=[prose,code]", "max_new_tokens=8"]
-    cfg = make_cfg(tmp_path, "stage=plan", "stage.repeats=2", "stage.warmup=0", "stage.pass_lengths=[1,2,3]",
+    cfg = make_cfg(tmp_path, "stage=plan", "stage.sample_precision=null", "stage.repeats=2", "stage.warmup=0", "stage.pass_lengths=[1,2,3]",
                    "stage.context_extra=[0,8]", "stage.acceptance_ks=[1,2]", "stage.bootstrap=100",
                    "prompts.per_kind=1", *common)
     run_parts(cfg)
@@ -107,6 +107,13 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
         chosen = best.loc[r.kind]
         assert (r.drafter, r.k_policy, r.k) == (chosen.drafter, chosen.k_policy, chosen.k)
     assert set(rec.block) == set(runs.block)  # in every block, beside plain
+    # The check job's own run closes the loop on the prompt per kind the plan did not see.
+    from pipeline.stages.speed import summarize as speed_summary
+    closed = speed_summary(runs, speed_cfg)
+    assert {"plan_measured_prose", "plan_measured_code", "plan_vs_best_prose"} <= set(closed.metrics)
+    assert [line.split(":")[0] for line in closed.summary if line.startswith("plan check")] == \
+        ["plan check code", "plan check prose"]
+    assert "on 1 unseen prompts" in next(line for line in closed.summary if line.startswith("plan check"))
 
     # The confirmatory check: plain, the exploratory check's best fixed configuration (named now)
     # and the recommendation, in blocks of three.

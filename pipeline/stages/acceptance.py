@@ -1,6 +1,8 @@
 """Stage acceptance: the greedy (or sampling) loop over every prompt at k; one row per iteration."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
@@ -8,6 +10,7 @@ from tqdm import tqdm
 
 from pipeline.context import StageContext, job_k_max
 from pipeline.engine_checks import on_llama
+from pipeline.stages.plan_sample import grow_sample, grows
 from pipeline.trees import job_tree_drafter
 from speclab.tree_specs import is_tree, parse_tree
 from store.records import make_schema
@@ -97,8 +100,18 @@ def measured_configurations(cfg: DictConfig, confs: list[tuple[str, str, int]]) 
 
 
 def run(ctx: StageContext) -> StageOutput:
+    began = time.monotonic()
+    df = pd.DataFrame(rows_of(ctx, ctx.prompts), columns=SCHEMA.names)
+    if grows(ctx.cfg):  # a plan's sample, grown a kind at a time until each kind is settled or the budget spent
+        df = grow_sample(ctx, df, lambda more: pd.DataFrame(rows_of(ctx, more), columns=SCHEMA.names),
+                         (time.monotonic() - began) / len(ctx.prompts))
+    return summarize(df, ctx.cfg)
+
+
+def rows_of(ctx: StageContext, prompts: list) -> list[dict]:
+    """The rows of every configuration's run on ``prompts`` (llama.cpp: one request each)."""
     if on_llama(ctx):
-        return summarize(pd.DataFrame(engine_rows(ctx), columns=SCHEMA.names), ctx.cfg)
+        return engine_rows(ctx, prompts)
     cfg, pair = ctx.cfg, ctx.pair
     sampling = sampling_config(cfg)
     gen = generator(ctx)
@@ -108,13 +121,13 @@ def run(ctx: StageContext) -> StageOutput:
     real = measured_configurations(cfg, confs) if replay_on else confs
     refs = {}
     if replay_on:  # one plain generation and one stepwise draft pass per prompt
-        for prompt in tqdm(ctx.prompts, desc="acceptance: greedy references for the replay", leave=False):
+        for prompt in tqdm(prompts, desc="acceptance: greedy references for the replay", leave=False):
             refs[prompt.id] = greedy_reference(pair.target, pair.draft, ctx.inputs[prompt.id], n_new, pair.eos_token_id,
                                                lookahead=job_k_max(cfg) + 1)
     rows = []
     for conf in [c for c in confs if c in real] + [c for c in confs if c not in real]:
         drafter_name, policy_name, k = conf
-        for prompt in tqdm(ctx.prompts, desc=f"acceptance {drafter_name} {policy_name} k={k}", leave=False):
+        for prompt in tqdm(prompts, desc=f"acceptance {drafter_name} {policy_name} k={k}", leave=False):
             ids = ctx.inputs[prompt.id]
             common = {**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k, "drafter": drafter_name,
                       "k_policy": policy_name, "do_sample": sampling.do_sample, "temperature": sampling.temperature,
@@ -135,11 +148,10 @@ def run(ctx: StageContext) -> StageOutput:
                 fresh = ctx.strategy(k, drafter_name, policy_name)  # a policy's state starts anew
                 agrees = iteration_agreement(refs[prompt.id].replay(fresh.drafter, fresh.policy, merged), res.iterations)
             rows += loop_rows(res, common, agrees)
-    df = pd.DataFrame(rows)
-    return summarize(df, cfg)
+    return rows
 
 
-def engine_rows(ctx: StageContext) -> list[dict]:
+def engine_rows(ctx: StageContext, prompts: list) -> list[dict]:
     """llama.cpp's requests (engine=llama_cpp): one row per prompt and speculative configuration of
     ``engine.arms``, its counters as the server reports them (proposed: drafted, accepted; draft_calls: the
     target's passes after the prompt); it does not time its iterations' parts (NaN)."""
@@ -149,7 +161,7 @@ def engine_rows(ctx: StageContext) -> list[dict]:
     nan = float("nan")
     rows = []
     for arm in arms:
-        for prompt in tqdm(ctx.prompts, desc=f"acceptance llama.cpp {arm.label}", leave=False):
+        for prompt in tqdm(prompts, desc=f"acceptance llama.cpp {arm.label}", leave=False):
             ids = ctx.inputs[prompt.id]
             r = runner.request(ctx, arm, ids, gen)
             rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, **arm.columns(),

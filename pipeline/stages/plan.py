@@ -10,15 +10,14 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from pipeline.context import StageContext
-from pipeline.jobs import output_path
 from store.records import make_schema
-from speclab.engine_plan import engine_costs, fit_overheads, predict_requests
 from speclab.engines.llama_arms import pasted_flags
 from speclab.arms import Arm
-from speclab.planning import calibrate, predict_runs, recommend
+from speclab.planning import recommend
 from speclab.stats import prediction_size_needed
 from pipeline.stages import ArmResult, StageOutput
 from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name
+from pipeline.stages.plan_sample import engine_name, kinds_settled, predictions, stop_reason, this_job
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("kind", "string"), ("drafter", "string"), ("k_policy", "string"), ("k", "int32"), ("prompts", "int32"),
@@ -27,28 +26,27 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("level", "float64"), ("prompt_ids", "string"), ("worst_ratio", "float64"), ("chosen_by", "string"),
     ("unseen_lo", "float64"), ("unseen_hi", "float64"), ("unseen_coverage", "float64"),
     ("cv_gain", "float64"), ("cv_error", "float64"),
+    # Why the kind's sample is its size (pipeline/stages/plan_sample.py), and the recommendation's lower bound over
+    # the runner-up (a ratio at the level; speclab.planning.settled).
+    ("sample_stop", "string"), ("runner_up_margin", "float64"),
 ])
 NEEDS = ("timing", "acceptance")
 
 
-def _this_job(cfg: DictConfig, stage: str) -> pd.DataFrame:
-    path = output_path(cfg, stage)
-    if not path.exists():
-        raise ValueError(f"stage plan needs this job's {stage} results ({path} is missing): "
-                         "run it as part of stage=plan, whose parts are [timing, acceptance, plan]")
-    return pd.read_parquet(path)
-
-
 def run(ctx: StageContext) -> StageOutput:
     cfg = ctx.cfg
-    timing, acc = (_this_job(cfg, s) for s in NEEDS)
-    if ctx.runner is not None and ctx.runner.name != "speclab":  # an engine's own costs and counters
-        costs = engine_costs(timing)
-        pred = predict_requests(costs, acc, fit_overheads(costs, acc))  # calibrated on this plan's own requests
-    else:
-        pred = predict_runs(calibrate(timing, acc), acc)
-    rec = recommend(pred, float(cfg.stage.level))
-    rows = rec.assign(**identity(ctx), level=float(cfg.stage.level), prompt_ids=",".join(sorted(acc.prompt_id.unique())))
+    timing, acc = (this_job(cfg, s) for s in NEEDS)
+    level = float(cfg.stage.level)
+    pred = predictions(engine_name(ctx), timing, acc)
+    rec = recommend(pred, level)
+    precision = cfg.stage.get("sample_precision")
+    state = kinds_settled(pred, rec, float(precision) if precision is not None else 0.0, level)
+    seen = set(acc.prompt_id)
+    sample = {k: (state.get(k), int(n)) for k, n in acc.groupby("kind").prompt_id.nunique().items()}
+    rec["sample_stop"] = [stop_reason(cfg, k, *sample[k], seen) if k in sample else "" for k in rec.kind]
+    rec["runner_up_margin"] = [sample[k][0].margin if k in sample and sample[k][0] is not None else float("nan")
+                               for k in rec.kind]
+    rows = rec.assign(**identity(ctx), level=level, prompt_ids=",".join(sorted(acc.prompt_id.unique())))
     return summarize(rows, cfg)
 
 
@@ -93,13 +91,16 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                               {"predicted_speedup": best.predicted, "predicted_lo": best.predicted_lo,
                                "predicted_hi": best.predicted_hi, "prompts": int(best.prompts),
                                "worst_ratio": best.worst_ratio,
-                               **{c: getattr(best, c, float("nan")) for c in ("unseen_lo", "unseen_hi", "unseen_coverage", "cv_gain", "cv_error")}}))
+                               **{c: getattr(best, c, float("nan")) for c in ("unseen_lo", "unseen_hi", "unseen_coverage",
+                                                                               "cv_gain", "cv_error", "runner_up_margin")}}))
         metrics[f"predicted_speedup_{kind}"] = float(best.predicted)
+        metrics[f"sample_prompts_{kind}"] = float(best.prompts)
         summary.append(f"{kind}: recommended {choice_text(best)}: predicted speed-up {best.predicted:.2f} "
                        f"({interval_text(best)}, {unseen_text(best)}, "
                        f"{best.prompts} prompts; {best.chosen_by})"
                        + (f"; highest other median {choice_text(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
                        + (f"; best draft-model fixed k={int(fixed.loc[fixed.predicted.idxmax()].k)} "
-                          f"{fixed.predicted.max():.2f}" if len(fixed) else ""))
+                          f"{fixed.predicted.max():.2f}" if len(fixed) else "")
+                       + (f"; sample: {best.sample_stop}" if getattr(best, "sample_stop", "") else ""))
     summary.append("print it any time with: python -m analysis.recommend")
     return StageOutput(df, metrics, summary, arms)

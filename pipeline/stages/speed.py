@@ -24,6 +24,7 @@ from pipeline.stages.common import (
 )
 from speclab.arms import PLAIN, RECOMMENDED, Arm, needs
 from speclab.tree_specs import is_tree
+from store.plan_check import kind_checks, track_record
 from store.records import make_schema
 
 log = logging.getLogger(__name__)
@@ -223,4 +224,33 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                      f"rollback {m['rollback_ms_per_iter']:.2f} ms, bookkeeping {m['bookkeeping_ms_per_iter']:.2f} ms")
         summary.append(f"{arm.name}: {speedup_text(m)}, alpha {m['alpha']:.2f}, "
                        f"{m['spec_tokens_per_s']:.1f} vs {m['plain_tokens_per_s']:.1f} tok/s; {parts}")
+    if (df.arm == RECOMMENDED.method).any():
+        checked, lines = plan_check(df, cfg)
+        metrics.update(checked)
+        summary += lines
     return StageOutput(df, metrics, summary, arms)
+
+
+def plan_check(df: pd.DataFrame, cfg: DictConfig) -> tuple[dict[str, float], list[str]]:
+    """A check job closes the plan's loop on its own run: per kind, the recommendation's speed-up measured on the
+    prompts the plan did not see against the plan's interval for an unseen prompt, and against the best other arm
+    of the same blocks (``store.plan_check``); none where the plan file is gone."""
+    path = latest_plan_file(cfg)
+    if path is None or not path.exists():
+        return {}, []
+    checks = kind_checks(df, pd.read_parquet(path))
+    checks = checks[checks.prompts_checked > 0]
+    metrics, lines = {}, []
+    for r in checks.itertuples():
+        inside = "" if r.measured_inside != r.measured_inside else \
+            " inside" if r.measured_inside else " outside"
+        metrics.update({f"plan_measured_{r.kind}": r.measured, f"plan_vs_best_{r.kind}": r.vs_best,
+                        **({f"plan_inside_{r.kind}": float(r.measured_inside)} if inside else {})})
+        lines.append(f"plan check {r.kind}: {r.choice} measured {r.measured:.2f} on {r.prompts_checked} unseen prompts, "
+                     f"predicted {r.predicted:.2f}, {inside.strip() or 'no'} interval for an unseen prompt "
+                     f"{r.unseen_lo:.2f}-{r.unseen_hi:.2f}; {r.vs_best:.2f} of {r.best_arm} "
+                     + (f"({r.vs_best_lo:.2f}-{r.vs_best_hi:.2f})" if r.vs_best_lo == r.vs_best_lo else "(no interval)"))
+    record = track_record(checks)
+    if record["checks"]:
+        metrics.update({"plan_inside_share": record["inside_share"], "plan_holds_share": record["holds_share"]})
+    return metrics, lines

@@ -45,6 +45,17 @@ def summary_of(pass_len: int, samples: list[float]) -> PassTiming:
     return PassTiming(pass_len, statistics.median(s), q[0], q[2], len(s))
 
 
+def timed_prompts(ctx: StageContext) -> list:
+    """The prompts whose passes are timed: the first ``stage.time_per_kind`` of each kind, or (0) the first
+    ``stage.prompts_to_time`` of the selection."""
+    st = ctx.cfg.stage
+    per_kind = int(st.time_per_kind)
+    if per_kind:
+        kinds = dict.fromkeys(p.kind for p in ctx.prompts)
+        return [p for kind in kinds for p in [q for q in ctx.prompts if q.kind == kind][:per_kind]]
+    return ctx.prompts[: int(st.prompts_to_time)]
+
+
 def engine_rows(ctx: StageContext) -> list[dict]:
     """llama.cpp's passes (engine=llama_cpp): the target's and the draft's pass over m new tokens after the prompt
     (plus ``context_extra`` more tokens), each the server's processing of a cached context extended by m tokens
@@ -54,7 +65,7 @@ def engine_rows(ctx: StageContext) -> list[dict]:
     sizes = runner.model_sizes()
     limit = int(runner.settings["ctx_size"])
     rows = []
-    for prompt in ctx.prompts[: int(st.prompts_to_time)]:
+    for prompt in timed_prompts(ctx):
         ctx.load.sample()  # between prompts: the machine's load while the passes are timed
         ids = ctx.inputs[prompt.id]
         n = ids.shape[1]
@@ -84,7 +95,7 @@ def run(ctx: StageContext) -> StageOutput:
     rows = []
     extras = [int(e) for e in st.context_extra]
     sizes = size_columns(ctx.pair.target, ctx.pair.draft)
-    for prompt in ctx.prompts[: int(st.prompts_to_time)]:
+    for prompt in timed_prompts(ctx):
         ctx.load.sample()  # between prompts: the machine's load while the passes are timed
         ids = ctx.inputs[prompt.id]
         n = ids.shape[1]
