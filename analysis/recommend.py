@@ -24,7 +24,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
 from speclab.arms import Arm
 from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
-from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, kind_checks, track_record
+from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, block_ratios, kind_checks, track_record
 from store.plans import latest_plan, latest_plan_campaign
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
@@ -53,14 +53,6 @@ def read_plans(outputs_dir: str, campaign: str) -> pd.DataFrame:
 def config_label(df: pd.DataFrame) -> pd.Series:
     """Each row's configuration as a compact label (``speclab.arms.Arm.key``)."""
     return pd.Series([Arm.from_row(r).key for r in df.itertuples()], index=df.index, dtype=object)
-
-
-def block_ratios(speed: pd.DataFrame, a: pd.Series, b: pd.Series) -> np.ndarray:
-    """tokens/s of arm rows ``a`` over arm rows ``b`` in the same block (one per block and round)."""
-    x = speed[a].groupby(BLOCK).tokens_per_s.median()
-    y = speed[b].groupby(BLOCK).tokens_per_s.median()
-    both = x.index.intersection(y.index)
-    return (x[both] / y[both]).to_numpy()
 
 
 def checked_blocks(speed: pd.DataFrame) -> pd.DataFrame:

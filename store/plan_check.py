@@ -28,7 +28,8 @@ def _label(rows: pd.DataFrame) -> pd.Series:
     return pd.Series([Arm.from_row(r).label for r in rows.itertuples()], index=rows.index, dtype=object)
 
 
-def _within_block(runs: pd.DataFrame, a: pd.Series, b: pd.Series) -> np.ndarray:
+def block_ratios(runs: pd.DataFrame, a: pd.Series, b: pd.Series) -> np.ndarray:
+    """tokens/s of arm rows ``a`` over arm rows ``b`` in the same block (one per block and round)."""
     x = runs[a].groupby(BLOCK).tokens_per_s.median()
     y = runs[b].groupby(BLOCK).tokens_per_s.median()
     both = x.index.intersection(y.index)
@@ -69,7 +70,7 @@ def kind_checks(speed: pd.DataFrame, plan: pd.DataFrame, level: float = 0.95) ->
                 speedups = others.groupby(labels).ratio_to_adjacent_plain.median()
                 best, best_speedup = str(speedups.idxmax()), float(speedups.max())
                 labelled = same.assign(label=_label(same))
-                ratios = _within_block(labelled, labelled.arm == "recommended", labelled.label == best)
+                ratios = block_ratios(labelled, labelled.arm == "recommended", labelled.label == best)
                 blocks = len(ratios)
                 ratio = float(np.median(ratios)) if blocks else np.nan
                 r_lo, r_hi = median_ci(ratios, level) if blocks else (np.nan, np.nan)
