@@ -365,9 +365,9 @@ def main() -> None:
         save_table(rec.unseen, out / "recommendation_unseen.parquet")
         save_table(plan_summary(plan), out / "recommendation_summary.parquet")
         save_table(rec.history, out / "recommendation_history.parquet")
-        # dvc metrics: the track record, one row for the campaign (JSON has no NaN: not measured is null)
+        # The track record for `dvc metrics show outputs/metrics/detail/planner.json` (JSON has no NaN: null)
         record = {k: None if v != v else v for k, v in rec.record.items()}
-        save_json({"campaign": campaign, **record}, Path(params["metrics_dir"]) / "planner.json")
+        save_json({"campaign": campaign, **record}, Path(params["metrics_dir"]) / "detail" / "planner.json")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ DECLARED_PLOTS = {"speedup_by_k", "speedup_predicted_vs_measured", "alpha_by_k",
 needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
 needs_chromium = pytest.mark.skipif(not shutil.which("chromium"), reason="Chromium is not installed")
 WIDTH = 200  # a terminal's columns `dvc metrics show` may take
-DETAIL = ("answer", "batch", "engines", "headline", "spec_bench", "time_model", "trees")
+DETAIL = ("answer", "batch", "engines", "headline", "planner", "spec_bench", "time_model", "trees")
 
 
 def declared_metrics(spec: dict) -> list[str]:
