@@ -115,7 +115,7 @@ def as_before(cfg, meta: dict) -> None:
     if meta.get("finished_at", "") < SAMPLE_GROWS_SINCE and cfg.stage.name == "plan":
         with open_dict(cfg):
             cfg.stage.sample_precision, cfg.stage.time_per_kind = None, 0
-            if not any(o.startswith("stage.prompts_to_time=") for o in meta["overrides"]):
+            if not any(o.startswith("stage.prompts_to_time=") for o in meta.get("overrides") or []):
                 cfg.stage.prompts_to_time = 100
 
 

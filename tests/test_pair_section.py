@@ -262,7 +262,11 @@ def test_time_model_and_plan_check_are_the_published_analysis_for_timemodel2():
         p = points.loc[(r.kind, r.k)]
         assert (r.time_model, r.iid_formula, r.measured_held_out) == pytest.approx((p.tm_own, p.iid_own, p.measured),
                                                                                     rel=1e-9)
-    check = pd.read_parquet(REPO / "outputs/analysis/recommendation_check.parquet")
+    from analysis.common import bootstrap_settings
+    from analysis.recommend import recommendation
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    check = recommendation(str(REPO / "outputs"), "timemodel2", bootstrap_settings(params)).check
     check = check[check.kind == "all"].reset_index(drop=True)
     assert list(sec.plan_check.comparison) == list(check.comparison)
     assert sec.plan_check.median_ratio.to_numpy() == pytest.approx(check.median_ratio.to_numpy(), rel=1e-9,
