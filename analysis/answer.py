@@ -15,7 +15,7 @@ prints, and is the description of the `analysis-<campaign>` MLflow run (analysis
 
 Definitions (the report's, everywhere): a run's speed-up is its tokens/s over the adjacent plain run's
 (``ratio_to_adjacent_plain``); a configuration's speed-up is the median over its runs, with a 95% distribution-free
-interval (order statistics, speclab.stats.median_ci; none from fewer than 6 runs); jobs whose step times drifted by more than drift.max_ratio are left
+interval (order statistics, speclab.stats.intervals.median_ci; none from fewer than 6 runs); jobs whose step times drifted by more than drift.max_ratio are left
 out, as in every section. The best configuration is the highest median over every drafter, k, k policy and tree
 shape measured greedy in the campaign by one engine (a campaign of several engines names each pair with its
 engine, ``smollm2 · llama.cpp``, and that engine's configurations by its own settings); best - runner-up is the
@@ -40,9 +40,9 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
                              run_script, save_csv, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
-from speclab.arms import ENGINE_NAMES, Arm
-from speclab.stats import median_ci, runs_needed
-from speclab.verdict import SPECULATE, UNCLEAR, USE_PLAIN, verdict
+from speclab.specs.arms import ENGINE_NAMES, Arm
+from speclab.stats.intervals import median_ci, runs_needed
+from speclab.stats.verdict import SPECULATE, UNCLEAR, USE_PLAIN, verdict
 from store import layout
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
@@ -62,7 +62,7 @@ def sampling_label(rows: pd.DataFrame) -> pd.Series:
 
 
 def config_label(rows: pd.DataFrame) -> pd.Series:
-    """A reader's name of each speculative row's configuration (``speclab.arms.Arm.label``, for every engine)."""
+    """A reader's name of each speculative row's configuration (``speclab.specs.arms.Arm.label``, for every engine)."""
     return pd.Series([Arm.from_row(r).label for r in rows.itertuples()], index=rows.index, dtype=object)
 
 
@@ -103,7 +103,7 @@ def candidates(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
 def difference_ci(a: np.ndarray, b: np.ndarray, samples: int = 2000, seed: int = 0,
                   level: float = 0.95) -> tuple[float, float, float]:
     """median(a) - median(b) and a distribution-free interval for it: each median's interval at
-    1 - (1 - level) / 2 (``speclab.stats.median_ci``), combined as [lo_a - hi_b, hi_a - lo_b], which covers the
+    1 - (1 - level) / 2 (``speclab.stats.intervals.median_ci``), combined as [lo_a - hi_b, hi_a - lo_b], which covers the
     difference whenever both cover their medians, so at least ``level`` (the union bound). NaN interval where either
     arm has fewer runs than that needs (``runs_needed``). For runs in different blocks; ``paired_difference`` for
     runs of the same blocks. ``samples`` and ``seed`` are not used."""

@@ -9,7 +9,7 @@ Two predictions of each batched speed-up:
   token each), c_draft(B) = D(B, 1) / T(B, 1), c_verify(B, k) = T(B, k + 1) / T(B, 1); one iteration
   yields, per row, (1 - a^(k+1)) / (1 - a) tokens for that row's acceptance rate a, averaged over
   the rows, divided by k c_draft(B) + c_verify(B, k);
-- the time model at B (``speclab.batch_time_model``, the batch-1 planner's model run in lockstep):
+- the time model at B (``speclab.costs.batch_time_model``, the batch-1 planner's model run in lockstep):
   each row replays its greedy acceptance run (the acceptance stage's, at the same k), finished rows
   leave the batch, every pass is priced from the job's own pass rows over rows x new tokens, with
   the draft's catch-up and both prefills. What the batch stage does not time is calibrated on the
@@ -32,9 +32,9 @@ from analysis.common import (
     AnalysisError, bootstrap_ci, load_params, published_campaign, read_stage, run_script, save_figure, save_json,
     save_table,
 )
-from speclab.batch_time_model import BatchPassModel, BatchTimeModel, BatchTrace, calibrate_batch_loop, fit_prefill
-from speclab.cost_model import break_even_alpha, expected_tokens_per_iteration
-from speclab.time_model import Trace
+from speclab.costs.batch_time_model import BatchPassModel, BatchTimeModel, BatchTrace, calibrate_batch_loop, fit_prefill
+from speclab.costs.cost_model import break_even_alpha, expected_tokens_per_iteration
+from speclab.costs.time_model import Trace
 
 PREDICTORS = {"predicted": "formula", "predicted_time_model": "time_model", "predicted_no_loop": "no_loop"}
 

@@ -15,7 +15,7 @@ from analysis.common import (load_params, published_campaign, read_stage, read_t
                              save_figure, save_table)
 from analysis.inputs import AnalysisError
 from analysis.palette import MODEL_COLORS, kind_color
-from speclab.cost_model import break_even_alpha, predicted_speedup
+from speclab.costs.cost_model import break_even_alpha, predicted_speedup
 
 
 def cost_ratios(timing: pd.DataFrame) -> pd.DataFrame:

@@ -18,7 +18,7 @@ from pandas.api.types import is_bool_dtype, is_numeric_dtype  # noqa: E402
 
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files  # noqa: E402
 from analysis.palette import kind_color  # noqa: E402
-from speclab.stats import bootstrap_interval, median_ci  # noqa: E402
+from speclab.stats.intervals import bootstrap_interval, median_ci  # noqa: E402
 from store import layout  # noqa: E402
 from store.compat import with_defaults  # noqa: E402
 from store.files import atomic_write  # noqa: E402
@@ -102,9 +102,9 @@ def bootstrap_settings(params: dict) -> dict:
 def bootstrap_ci(values: np.ndarray, stat=np.median, samples: int = 2000, seed: int = 0,
                  level: float = 0.95) -> tuple[float, float]:
     """The interval of ``stat`` the analysis reports: for the median, the distribution-free order-statistic
-    interval (``speclab.stats.median_ci``; NaN, no interval, below ``runs_needed(level)`` runs), which holds its
+    interval (``speclab.stats.intervals.median_ci``; NaN, no interval, below ``runs_needed(level)`` runs), which holds its
     level at every number of runs where a percentile bootstrap of the median covers about half the time at two
-    runs; for another statistic (a mean), the percentile bootstrap (``speclab.stats.bootstrap_interval``). The
+    runs; for another statistic (a mean), the percentile bootstrap (``speclab.stats.intervals.bootstrap_interval``). The
     interval a job logs as ``speedup_lo``/``speedup_hi`` is the one the analysis reports."""
     if stat is np.median:
         return median_ci(values, level)

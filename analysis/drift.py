@@ -20,7 +20,7 @@ from analysis.tracking import Tracking, first_line, quick_http, tracking_setting
 
 JOB_KEYS = ["pair", "config_hash"]
 UNCHECKED = "unchecked"
-# pipeline/trust.py's checks whose failure makes a job's numbers wrong, not only less sure: those jobs are flagged
+# pipeline/jobs/trust.py's checks whose failure makes a job's numbers wrong, not only less sure: those jobs are flagged
 # (and left out of the fits). Drift is judged here from the same before/after times at the analysis's own limit
 # (drift.max_ratio); a loaded machine harms a job through drift; too few runs only widen an interval, which pooling
 # jobs narrows: those stay visible in the trust column without a flag of their own.

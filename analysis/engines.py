@@ -10,10 +10,10 @@ also the llama-server flags a user pastes), its 95% distribution-free interval a
 pooled over its runs).
 
 Per configuration (``predictions``): the speed-up each run's own counters predict at its own job's timed costs
-(speclab.engine_time: passes = n - accepted, each priced at drafted-per-pass draft steps and a target pass over
+(speclab.costs.engine_time: passes = n - accepted, each priced at drafted-per-pass draft steps and a target pass over
 drafted-per-pass + 1 tokens, against n target steps; the prompt read first on both sides, at the engine's plain
 run's prompt time for that prompt, and by a draft model too at the draft/target step ratio; for an engine such as
-llama.cpp, as its plan prices it, speclab.engine_plan: the request's own prompt time, plain decoding paying the
+llama.cpp, as its plan prices it, speclab.costs.engine_plan: the request's own prompt time, plain decoding paying the
 target's share, plus the per-pass and per-drafted-token overheads calibrated on the campaign's acceptance requests
 of that pair and engine, a plan's), the median over runs against the measured median, with the chapter's i.i.d. form at the same costs beside it (decode only; its alpha is
 accepted / checked, speclab's alpha-hat, where llama.cpp checks every proposal it drafted).
@@ -41,11 +41,11 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
                              read_table, run_script, save_csv, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
-from speclab.arms import NONE, PLAN, Arm, drafter_runs_model
-from speclab.engine_plan import Overheads, engine_costs, fit_overheads, predict_requests, speed_requests
-from speclab.engine_time import EngineCosts, iid_speedup, predicted_speedups
-from speclab.engines.llama_arms import ENGINE as LLAMA, pasted_flags
-from speclab.tree_specs import is_tree
+from speclab.specs.arms import NONE, PLAN, Arm, drafter_runs_model
+from speclab.costs.engine_plan import Overheads, engine_costs, fit_overheads, predict_requests, speed_requests
+from speclab.costs.engine_time import EngineCosts, iid_speedup, predicted_speedups
+from speclab.engines.llama_cpp.arms import ENGINE as LLAMA, pasted_flags
+from speclab.specs.tree_shapes import is_tree
 from store.files import atomic_write_text
 
 FOLDER = "engines"
@@ -161,7 +161,7 @@ def predict_rows(spec: pd.DataFrame, costs: EngineCosts | None, prompts: dict[st
 
 
 def calibration(timing: pd.DataFrame, acceptance: pd.DataFrame, pair: str, engine: str) -> Overheads:
-    """What an engine's timed passes leave out (speclab.engine_plan.fit_overheads), fitted on the campaign's
+    """What an engine's timed passes leave out (speclab.costs.engine_plan.fit_overheads), fitted on the campaign's
     acceptance requests of this pair and engine (a plan's) at its timing stage's costs; none without them."""
     if engine == SPECLAB or timing.empty or acceptance.empty or "total_s" not in acceptance:
         return Overheads()
@@ -175,7 +175,7 @@ def calibration(timing: pd.DataFrame, acceptance: pd.DataFrame, pair: str, engin
 def price(rows: pd.DataFrame, costs: EngineCosts | None, engine: str, pair: str, plain: pd.DataFrame,
           overheads: Overheads, spec_prompts: dict[str, float] | None = None) -> np.ndarray:
     """``rows``' predicted speed-ups at ``engine``'s costs: speclab's loop with that engine's plain runs' prompt
-    times (``predict_rows``); an engine such as llama.cpp the way its plan prices it (speclab.engine_plan: each
+    times (``predict_rows``); an engine such as llama.cpp the way its plan prices it (speclab.costs.engine_plan: each
     request's prompt time, plain decoding paying the target's share, plus ``overheads``, the engine's
     ``calibration``). ``spec_prompts``: the engine's own speculative prompt times, for rows of another engine."""
     if engine == SPECLAB or costs is None:
@@ -412,10 +412,10 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str) -> str:
     if sm.empty:
         return "\n".join(s + [not_measured(campaign), ""])
     s += ["Speed-up: median over runs of tokens/s over the adjacent plain run of the same engine (95% distribution-free "
-          "interval); alpha = accepted / drafted, pooled over runs. Predicted (speclab.engine_time): each run's own "
+          "interval); alpha = accepted / drafted, pooled over runs. Predicted (speclab.costs.engine_time): each run's own "
           "counters at its job's timed costs, passes = n - accepted, each a target pass over drafted-per-pass + 1 "
           "tokens plus drafted-per-pass draft steps (none for n-gram types), against n target steps; median over "
-          "runs; llama.cpp's runs as its plan prices them (speclab.engine_plan: plus the per-pass and per-drafted-token "
+          "runs; llama.cpp's runs as its plan prices them (speclab.costs.engine_plan: plus the per-pass and per-drafted-token "
           "overheads calibrated on the campaign's llama.cpp acceptance requests). `predicted_iid`: the chapter's i.i.d. form at the same costs (alpha = accepted / checked). error = "
           "predicted - measured.\n",
           "**Per pair, kind and engine: the best configuration**\n",

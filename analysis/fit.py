@@ -17,8 +17,8 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, publ
 from analysis.drift import drop_drifted, read_drift
 from analysis.inputs import AnalysisError
 from analysis.palette import PREDICTOR_COLORS, kind_palette
-from speclab.cost_model import expected_tokens_per_iteration
-from speclab.estimators import alpha_hat as acceptance_rate
+from speclab.costs.cost_model import expected_tokens_per_iteration
+from speclab.stats.estimators import alpha_hat as acceptance_rate
 
 ALL = "all"
 

@@ -28,7 +28,7 @@ from analysis.fit import acceptance_table, alpha_hat, formula_acceptance, formul
 from analysis.inputs import AnalysisError, campaign_dir
 from analysis.recommend import Recommendation, recommendation
 from analysis.time_model import PREDICTORS, one_job_per_run, validate
-from speclab.time_model import iid_speedup
+from speclab.costs.time_model import iid_speedup
 from store import layout
 from store.files import atomic_write_text
 

@@ -22,7 +22,7 @@ from analysis.answer import read_answer, render_text
 from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, run_script, save_json,
                              save_table, with_defaults)
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
-from speclab.arms import Arm
+from speclab.specs.arms import Arm
 from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
 from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, block_ratios, kind_checks, track_record
 from store.plans import latest_plan, latest_plan_campaign
@@ -51,7 +51,7 @@ def read_plans(outputs_dir: str, campaign: str) -> pd.DataFrame:
 
 
 def config_label(df: pd.DataFrame) -> pd.Series:
-    """Each row's configuration as a compact label (``speclab.arms.Arm.key``)."""
+    """Each row's configuration as a compact label (``speclab.specs.arms.Arm.key``)."""
     return pd.Series([Arm.from_row(r).key for r in df.itertuples()], index=df.index, dtype=object)
 
 

@@ -25,7 +25,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
 from analysis.recommend import config_label, read_plans
-from speclab.prompt_pools import MT_BENCH, POOLS
+from speclab.specs.prompt_pools import MT_BENCH, POOLS
 from store.plans import latest_plan
 from store.files import atomic_write_text
 

@@ -25,9 +25,9 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, read
                              save_figure, save_json, save_table, speedup_panels)
 from analysis.inputs import AnalysisError
 from analysis.palette import PREDICTOR_COLORS, kind_color
-from speclab.estimators import alpha_hat
-from speclab.planning import calibrate, predict_at_blocks, predict_runs
-from speclab.time_model import PARTS, TimeModel
+from speclab.stats.estimators import alpha_hat
+from speclab.costs.planning import calibrate, predict_at_blocks, predict_runs
+from speclab.costs.time_model import PARTS, TimeModel
 
 ALL = "all"
 PREDICTORS = {"tm_own": "time model, own acceptance", "tm_kind": "time model, kind sample",

@@ -8,7 +8,7 @@ kinds) and configuration: runs, mean tree nodes (a chain's k), the mean width of
 tokens: pending + proposals), accepted tokens per target pass, the acceptance at each depth (proposals
 accepted at depth d over those checked there, pooled over runs), the speed-up (median of within-block
 ratios to the adjacent plain run, 95% distribution-free interval) and the speed-up predicted by pricing each run's
-own passes at the timed costs (``speclab.tree_time``). Then, per pair and kind, the best tree against the
+own passes at the timed costs (``speclab.trees.pricing``). Then, per pair and kind, the best tree against the
 best chain, and each tree against the chain whose pass is as wide (k = nodes), with the median of their
 within-block ratios and its interval. The timing rows give the target's pass over 1 + n tree nodes (its 4D
 mask) beside a chain's pass over as many tokens, in target steps: where that curve is flat a tree's extra
@@ -25,8 +25,8 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
                              run_script, save_figure, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
-from speclab.tree_specs import is_tree, parse_tree
-from speclab.tree_time import CostCurve, parse_counts, predicted_speedup
+from speclab.specs.tree_shapes import is_tree, parse_tree
+from speclab.trees.pricing import CostCurve, parse_counts, predicted_speedup
 from store.files import atomic_write_text
 
 import matplotlib.pyplot as plt  # noqa: E402  (analysis.common selects the headless backend first)

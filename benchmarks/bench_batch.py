@@ -30,10 +30,10 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from speclab.batch import BatchResult, batch_plain_generate, batch_speculative_generate  # noqa: E402
-from speclab.loop import plain_greedy, speculative_generate  # noqa: E402
-from speclab.models import load_pair  # noqa: E402
-from speclab.timing import synchronize  # noqa: E402
+from speclab.decoding.batch import BatchResult, batch_plain_generate, batch_speculative_generate  # noqa: E402
+from speclab.decoding.loop import plain_greedy, speculative_generate  # noqa: E402
+from speclab.models.loading import load_pair  # noqa: E402
+from speclab.decoding.timing import synchronize  # noqa: E402
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "pipeline" / "prompts" / "default.yaml"
 SCHEMA = pa.schema([

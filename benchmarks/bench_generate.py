@@ -24,10 +24,10 @@ import torch  # noqa: E402
 from analysis.common import bootstrap_ci  # noqa: E402
 from benchmarks.common import add_pair_arguments  # noqa: E402
 from store.records import write_parquet  # noqa: E402
-from pipeline.prompts import encode, load_prompts  # noqa: E402
-from speclab.loop import plain_greedy, speculative_generate  # noqa: E402
-from speclab.models import load_pair  # noqa: E402
-from speclab.peer import hf_generate  # noqa: E402
+from pipeline.prompts.sets import encode, load_prompts  # noqa: E402
+from speclab.decoding.loop import plain_greedy, speculative_generate  # noqa: E402
+from speclab.models.loading import load_pair  # noqa: E402
+from speclab.measures.peer import hf_generate  # noqa: E402
 
 ARMS = ("ours_plain", "hf_generate", "ours_speculative", "ours_speculative_apart", "hf_assisted")
 SCHEMA = pa.schema([

@@ -54,7 +54,7 @@ def stage_rows(args, outputs: str, r: int) -> pd.DataFrame:
 def direct_rows(args, requests: list[tuple[str, str, list[int]]]) -> list[dict]:
     """The same requests to a llama-server started here, timed around each HTTP exchange (the first one twice: a
     warm-up)."""
-    from speclab.models import packaged_gguf_path
+    from speclab.models.loading import packaged_gguf_path
 
     direct = DirectServer(args, packaged_gguf_path(TARGETS[args.pair]))
     try:
@@ -71,10 +71,10 @@ def direct_rows(args, requests: list[tuple[str, str, list[int]]]) -> list[dict]:
 def interleaved_rows(args, requests: list[tuple[str, str, list[int]]], r: int) -> list[dict]:
     """Per prompt, back to back in alternating order: the stage's own request path (speclab's LlamaCppEngine, whose
     ``generate`` times the speed stage's plain rows) and the direct request, each to its own idle server."""
-    from speclab.arms import PLAIN
-    from speclab.engines.llama_build import installed
-    from speclab.engines.llama_cpp import LlamaCppEngine, LlamaSettings, sampling_payload
-    from speclab.models import packaged_gguf_path
+    from speclab.specs.arms import PLAIN
+    from speclab.engines.llama_cpp.build import installed
+    from speclab.engines.llama_cpp.engine import LlamaCppEngine, LlamaSettings, sampling_payload
+    from speclab.models.loading import packaged_gguf_path
 
     target = packaged_gguf_path(TARGETS[args.pair])
     engine = LlamaCppEngine(LlamaSettings(binary=str(installed() / "llama-server"), threads=args.threads), target, None)
@@ -103,8 +103,8 @@ class DirectServer:
     """llama-server started here with the stage's options, asked through http.client."""
 
     def __init__(self, args, target) -> None:
-        from speclab.engines.llama_build import installed
-        from speclab.engines.llama_server import free_port
+        from speclab.engines.llama_cpp.build import installed
+        from speclab.engines.llama_cpp.server import free_port
 
         self.args, self.port = args, free_port()
         argv = [str(installed() / "llama-server"), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),
@@ -185,8 +185,8 @@ def prompt_requests(args) -> list[tuple[str, str, list[int]]]:
     """The stage's prompts as token ids, made as the stage makes them (the target's tokenizer, raw texts)."""
     global _REQUESTS
     if _REQUESTS is None:
-        from pipeline.prompts import encode, load_prompts
-        from speclab.models import load_tokenizer
+        from pipeline.prompts.sets import encode, load_prompts
+        from speclab.models.loading import load_tokenizer
 
         tok = load_tokenizer(TARGETS[args.pair])
         prompts = load_prompts("default.yaml", ["prose", "code", "structured"], args.per_kind)

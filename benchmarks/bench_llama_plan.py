@@ -6,7 +6,7 @@ the other prompts). No model runs here.
 
 - Predictor: each check run of a candidate is priced with the costs the plan job timed (its timing rows), the
   overheads fitted on the plan's own requests (the calibration) and the run's own counters (new tokens, drafted,
-  accepted, the server's prompt time), all in speclab/engine_plan.py. Per configuration and kind, ``error`` is the
+  accepted, the server's prompt time), all in speclab/costs/engine_plan.py. Per configuration and kind, ``error`` is the
   median over its runs of (predicted - measured ratio to the adjacent plain run): each prediction against the run
   it predicts. ``difference_of_medians`` (median predicted - median measured) is shown beside it; it is not the
   error of any prediction where a configuration's runs mix prompts on which it does very different things (n-gram
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speclab.engine_plan import engine_costs, fit_overheads, predict_requests, speed_requests
+from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests, speed_requests
 from store.records import read_meta
 
 OUT = Path("outputs/benchmarks")
@@ -119,7 +119,7 @@ def main() -> None:
     unseen = speed[~speed.prompt_id.isin(plan_prompts)]
     if unseen.empty:
         raise SystemExit("the check ran no prompt the plan did not see")
-    for job, g in unseen.groupby("config_hash"):  # the job-time checks' verdict (pipeline/trust.py), said, not hidden
+    for job, g in unseen.groupby("config_hash"):  # the job-time checks' verdict (pipeline/jobs/trust.py), said, not hidden
         if "trust" in g and str(g.trust.iloc[0]) not in ("", "trusted", "nan"):
             print(f"check job {job}: flagged {g.trust.iloc[0]}: {g.trust_detail.iloc[0]}")
     pred, check = predictor_table(timing, acc, unseen), check_table(unseen)

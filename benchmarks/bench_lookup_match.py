@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 from benchmarks.common import add_pair_arguments, greedy_continuations  # noqa: E402
 from store.records import write_parquet  # noqa: E402
-from speclab.drafters import lookup_match  # noqa: E402
-from speclab.models import load_pair  # noqa: E402
+from speclab.decoding.drafters import lookup_match  # noqa: E402
+from speclab.models.loading import load_pair  # noqa: E402
 
 SCHEMA = pa.schema([
     ("kind", pa.string()), ("ngram", pa.int32()), ("positions", pa.int32()), ("prompts", pa.int32()),

@@ -3,7 +3,7 @@
 Greedy speculative output equals plain greedy, so for a drafter without a model (prompt lookup) every
 iteration's proposal, its accepted count and the policy's next choice follow from the plain greedy
 continuation alone: the loop's decisions are replayed without timing anything. The policies are built
-as the pipeline builds them (``pipeline.strategies.policy_spec``, one ``k_policy`` override each), with
+as the pipeline builds them (``pipeline.config.strategy_config.policy_spec``, one ``k_policy`` override each), with
 the price table and the time model of a committed plan job (its timing and acceptance files), so a
 change to a policy can be weighed in a minute instead of a 20-minute speed job. Writes one row per
 (prompt, policy) to outputs/benchmarks/lookup_policy_replay.parquet and prints the iterations and the
@@ -26,14 +26,14 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from benchmarks.common import add_pair_arguments, greedy_continuations  # noqa: E402
-from pipeline.config_schema import register  # noqa: E402
+from pipeline.config.schema import register  # noqa: E402
 from store.records import write_parquet  # noqa: E402
-from speclab.planning import calibrate  # noqa: E402
-from pipeline.strategies import policy_spec  # noqa: E402
-from speclab.drafters import PromptLookupDrafter  # noqa: E402
-from speclab.k_policy import FixedK, KPolicy  # noqa: E402
-from speclab.strategy import Prices  # noqa: E402
-from speclab.time_model import CostTable, Trace  # noqa: E402
+from speclab.costs.planning import calibrate  # noqa: E402
+from pipeline.config.strategy_config import policy_spec  # noqa: E402
+from speclab.decoding.drafters import PromptLookupDrafter  # noqa: E402
+from speclab.decoding.k_policy import FixedK, KPolicy  # noqa: E402
+from speclab.drafting.strategy import Prices  # noqa: E402
+from speclab.costs.time_model import CostTable, Trace  # noqa: E402
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 # name -> k_policy overrides (None: fixed k=2, the baseline of the ratios)
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--prompts", default="default.yaml", help="a file in pipeline/prompts/ or a path")
     ap.add_argument("--out", default="outputs/benchmarks/lookup_policy_replay.parquet")
     args = ap.parse_args()
-    from speclab.models import load_pair
+    from speclab.models.loading import load_pair
 
     base = Path(args.outputs_dir) / "campaigns" / args.campaign
     files = [sorted((base / stage).glob(f"*-{args.job}.parquet"))[:1] for stage in ("timing", "acceptance")]

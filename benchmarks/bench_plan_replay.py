@@ -23,8 +23,8 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from pipeline.config_schema import register  # noqa: E402
-from pipeline.jobs import output_path  # noqa: E402
+from pipeline.config.schema import register  # noqa: E402
+from pipeline.jobs.identity import output_path  # noqa: E402
 from pipeline.run import run_parts  # noqa: E402
 from store.records import read_meta, write_parquet  # noqa: E402
 

@@ -6,7 +6,7 @@ Reads one campaign's speed results of one pair holding a racing job (``stage.rac
 run twice (conf/sweep/race_qwen.yaml). Per kind: each job's best configuration (the highest median ratio to the
 adjacent plain run; plain decoding counts, at exactly 1; the racing job's among the arms still in its race at the
 end), whether they agree, the runs each job spent (every run, plain's included) and their share, the racing job's
-blocks and why it stopped. A configuration is its arm's label (``speclab.arms.Arm.label``) without the plan's mark:
+blocks and why it stopped. A configuration is its arm's label (``speclab.specs.arms.Arm.label``) without the plan's mark:
 the plan's choice runs as its own arm, ``prompt lookup k=4 (plan)``, and is the same configuration as the fixed arm
 ``prompt lookup k=4``. Where the two bests differ, the fixed run's own paired 95% interval of their difference says
 whether even it can tell them apart (``tied_in_fixed``). The fixed reference is every fixed job of the campaign,
@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis.answer import paired_difference
 from pipeline.stages.speed_race import FIXED
-from speclab.arms import Arm
+from speclab.specs.arms import Arm
 from store.records import read_meta
 
 OUT = Path("outputs/benchmarks")

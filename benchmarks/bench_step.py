@@ -42,9 +42,9 @@ def worker(args: argparse.Namespace) -> None:
     """One run in the tree this process imports: prints one JSON line per prompt."""
     import torch
 
-    from pipeline.prompts import encode, load_prompts
-    from speclab.loop import speculative_generate
-    from speclab.models import load_pair
+    from pipeline.prompts.sets import encode, load_prompts
+    from speclab.decoding.loop import speculative_generate
+    from speclab.models.loading import load_pair
 
     if args.threads:
         torch.set_num_threads(args.threads)

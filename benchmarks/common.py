@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 def add_pair_arguments(ap: argparse.ArgumentParser, device: str = "auto") -> None:
     """--target, --draft, --device, --dtype and --draft-dtype, with the embedded default pair
-    (speclab.models.load_pair)."""
+    (speclab.models.loading.load_pair)."""
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="int8")
     ap.add_argument("--device", default=device)
@@ -21,8 +21,8 @@ def greedy_continuations(pair, prompts_file: str, max_new_tokens: int) -> Iterat
 
     Greedy speculative output equals plain greedy, so a drafter without a model can be replayed on these
     exactly, without timing anything."""
-    from pipeline.prompts import encode, load_prompts
-    from speclab.loop import plain_greedy
+    from pipeline.prompts.sets import encode, load_prompts
+    from speclab.decoding.loop import plain_greedy
 
     for p in load_prompts(prompts_file, ["prose", "code", "structured"]):
         ids = encode(p, pair.tokenizer, pair.target.config.vocab_size, pair.device)

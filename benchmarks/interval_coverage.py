@@ -1,6 +1,6 @@
 """How often a "95%" interval of the median speed-up contains the true median: simulated adjacent-run ratios
 (true median 1) under log-normal, drifting and heavy-tailed noise, for the distribution-free interval the report uses
-(speclab.stats.median_ci) and the percentile bootstrap it replaced. The simulator is the coverage tests' own
+(speclab.stats.intervals.median_ci) and the percentile bootstrap it replaced. The simulator is the coverage tests' own
 (tests/test_interval_coverage.py).
 
     python -m benchmarks.interval_coverage [--trials 300]
@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 
-from speclab.stats import bootstrap_interval, median_ci
+from speclab.stats.intervals import bootstrap_interval, median_ci
 
 RUNS = (2, 3, 4, 6, 8, 12, 30)
 

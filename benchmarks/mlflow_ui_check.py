@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
-from pipeline.mlflow_view import RUNS_VIEW_QUERY
+from pipeline.tracking.mlflow_view import RUNS_VIEW_QUERY
 
 ROOT = Path(__file__).resolve().parents[1]
 # The compare view's metric table scrolls inside a fixed-height box of about seven rows (alphabetical): the

@@ -42,7 +42,7 @@ def old_rule(pred: pd.DataFrame, kind: str, robust: tuple, level: float = 0.9) -
 
 
 def new_rule(pred: pd.DataFrame) -> dict[str, tuple]:
-    from speclab.planning import recommend
+    from speclab.costs.planning import recommend
 
     rec = recommend(pred, level=0.9).query("recommended").set_index("kind")
     return {kind: tuple(rec.loc[kind, ["drafter", "k_policy", "k"]]) for kind in TRUE}

@@ -1,6 +1,6 @@
 """The race's error rate over repeated looks, simulated: blocks of adjacent runs of plain decoding and six arms
 (two within 0.5-1% of the best) under log-normal, drifting and heavy-tailed noise, looked at after every block by
-``speclab.racing.look``. Reports, per noise: how often the true best arm is dropped (the race's error; at most
+``speclab.stats.racing.look``. Reports, per noise: how often the true best arm is dropped (the race's error; at most
 1 - level), how often an interval of a kind stopped for precision misses its arm's true median speed-up, and the
 runs the race used out of the budget. ``--uncorrected`` tests every drop at 1 - level (no correction for the looks
 and the rivals): its error rate is far above 1 - level. The coverage tests use the same simulator
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speclab.racing import PRECISION, RaceRule, look
-from speclab.stats import median_ci
+from speclab.stats.racing import PRECISION, RaceRule, look
+from speclab.stats.intervals import median_ci
 
 PLAIN = "plain"
 # True log speed-ups: plain, the best, two rivals within 1-2% of it, and three clear losers.

@@ -1,6 +1,6 @@
 """Does the published answer hold on this machine? Reruns a pair's published best configurations, one per prompt
 kind, beside plain decoding in one speed job here, and ends with each beside its published figure (holds / differs,
-by this job's interval: pipeline/published.py).
+by this job's interval: pipeline/jobs/published.py).
 
     python -m pipeline.recheck                      # the default pair (make run ends with it)
     python -m pipeline.recheck pair=qwen25_coder_bf16 prompts.per_kind=2   # any other override of the job
@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from speclab.arms import NONE, PEER_METHODS, Arm
-from speclab.tree_specs import PREFIX as TREE_PREFIX
+from speclab.specs.arms import NONE, PEER_METHODS, Arm
+from speclab.specs.tree_shapes import PREFIX as TREE_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {"campaign": "recheck", "stage.rounds": "2"}
@@ -49,7 +49,7 @@ def published_arms(outputs_dir: Path, pair: str) -> tuple[str, list[tuple[str, A
     """The pair's published campaign and, per kind, its best configuration as an arm (read from the campaign's
     own rows, so the arm is exactly the one published)."""
     from analysis.common import read_stage_if_any
-    from pipeline.published import PLAN_SUFFIX, pair_campaign, published_best, read_published
+    from pipeline.jobs.published import PLAN_SUFFIX, pair_campaign, published_best, read_published
 
     answer = read_published(outputs_dir)
     if answer is None:

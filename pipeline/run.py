@@ -26,23 +26,23 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from pipeline.config_schema import ConfigError, check_config, register  # noqa: E402
-from pipeline.context import StageContext, build_context, load_job_prompts, set_threads  # noqa: E402
-from pipeline.engine_checks import check_engine  # noqa: E402
-from pipeline.errors import Interrupted, JobEnded, error_line, interrupted_line, precheck, quiet_interrupts  # noqa: E402
-from pipeline.job_inputs import freeze  # noqa: E402
-from pipeline.job_runs import JobRuns, format_tags  # noqa: E402
-from pipeline.job_verdict import conclude  # noqa: E402
-from pipeline.jobs import campaign_dir, config_hash, output_path  # noqa: E402
-from pipeline.machine import describe  # noqa: E402
-from pipeline.results import hydra_overrides, now, provenance, write_result  # noqa: E402
-from pipeline.shape_checks import check_shapes  # noqa: E402
+from pipeline.config.schema import ConfigError, check_config, register  # noqa: E402
+from pipeline.jobs.context import StageContext, build_context, load_job_prompts, set_threads  # noqa: E402
+from pipeline.engines.option_checks import check_engine  # noqa: E402
+from pipeline.jobs.errors import Interrupted, JobEnded, error_line, interrupted_line, precheck, quiet_interrupts  # noqa: E402
+from pipeline.jobs.inputs import freeze  # noqa: E402
+from pipeline.jobs.runs import JobRuns, format_tags  # noqa: E402
+from pipeline.jobs.verdict import conclude  # noqa: E402
+from pipeline.jobs.identity import campaign_dir, config_hash, output_path  # noqa: E402
+from pipeline.tracking.machine import describe  # noqa: E402
+from pipeline.jobs.results import hydra_overrides, now, provenance, write_result  # noqa: E402
+from pipeline.jobs.shape_checks import check_shapes  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
-from pipeline.stages.options import check_used  # noqa: E402
-from pipeline.tracking import end_open_parent, summary_after_failure  # noqa: E402
-from pipeline.trust import LoadSampler, check_job  # noqa: E402
-from pipeline.workers import dies_with_sweep  # noqa: E402
-from speclab.models import resolve_device  # noqa: E402
+from pipeline.config.stage_options import check_used  # noqa: E402
+from pipeline.jobs.sweep import end_open_parent, summary_after_failure
+from pipeline.jobs.trust import LoadSampler, check_job  # noqa: E402
+from pipeline.jobs.workers import dies_with_sweep  # noqa: E402
+from speclab.models.loading import resolve_device  # noqa: E402
 from store.extend import extension_permitted, job_may_write, refusal  # noqa: E402
 from store.layout import STAGES, StoreError  # noqa: E402
 from store.locks import file_lock, job_lock_path  # noqa: E402
@@ -242,7 +242,7 @@ def print_user_help() -> None:
 
 def cli() -> None:
     """``main`` with bad input said in one line (no traceback); HYDRA_FULL_ERROR=1 keeps full traces."""
-    from pipeline.secrets import lift
+    from pipeline.tracking.secrets import lift
 
     # Before Hydra reads the command line: its credentials move to the environment, their masked form stays.
     sys.argv[1:] = lift(sys.argv[1:])

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speclab.stats import median_ci, runs_needed
-from speclab.arms import PLAIN_CHOICE, Arm
-from speclab.verdict import USE_PLAIN, verdict
+from speclab.stats.intervals import median_ci, runs_needed
+from speclab.specs.arms import PLAIN_CHOICE, Arm
+from speclab.stats.verdict import USE_PLAIN, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_PER_KIND = 2     # the planner's sample per category (as +sweep=plan)
@@ -52,7 +52,7 @@ class Workload:
 
 
 def read_workload(path: str) -> Workload:
-    from pipeline.prompt_files import parse_jsonl
+    from pipeline.prompts.prompt_files import parse_jsonl
 
     file = Path(path).expanduser().resolve()
     if file.suffix != ".jsonl" or not file.is_file():

@@ -2,7 +2,7 @@
 
 A column added to a stage's schema is filled with the value it had then, so old and new files pool. Every
 such addition is listed here and nowhere else. (A config key added later declares, on its schema field, the
-value at which it stays out of a job's hash: pipeline/config_schema.py.)
+value at which it stays out of a job's hash: pipeline/config/schema.py.)
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pyarrow as pa
 #   tree_nodes 0, draft_call_width 1: every run before tree arms (stage.trees) was a chain, whose draft calls after
 #     the first are one-token steps;
 #   trust "unchecked", trust_detail "": speed, batch and timing files written before the job-time checks
-#     (pipeline/trust.py) were not checked;
+#     (pipeline/jobs/trust.py) were not checked;
 #   engine "speclab": every file before llama.cpp (engine=llama_cpp) was run by speclab's own loop;
 #   stopped_by "rounds": every speed file before racing (stage.race, stage.precision) ran all its rounds;
 #   None (null, NaN in pandas): not measured by the code of the time, so no value stands in for it:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MASK = "***"
-# A mask, numbered when two secrets of one command line would mask alike (pipeline/secrets.py).
+# A mask, numbered when two secrets of one command line would mask alike (pipeline/tracking/secrets.py).
 MASKED = re.compile(r"\*\*\*\d*")
 # Query or fragment parameter names whose values are secrets (case-insensitive): pass, passwd, password,
 # passphrase, pwd, secret, token, access_token, id_token, refresh_token, jwt, bearer, auth, authorization,

@@ -36,7 +36,7 @@ from store.records import StageFileError, open_stage_file
 from store.seal import seal_path
 
 PERMIT_ENV = "SPECLAB_EXTEND"
-ANSWERS = "answers"  # a campaign's stored first answers (pipeline/turns.py ANSWERS)
+ANSWERS = "answers"  # a campaign's stored first answers (pipeline/prompts/turns.py ANSWERS)
 NOT_HERE = {"campaign": "the campaign is the command's CAMPAIGN", "outputs_dir": "the folder is its --outputs-dir",
             "force": "an extension adds jobs, a published file is never replaced",
             "overwrite_published": "an extension adds jobs, a published file is never replaced"}

@@ -55,7 +55,7 @@ def config_hash(config: Mapping[str, Any], inputs: Mapping[str, Any] | None = No
                 neutral: Mapping[str, Neutral]) -> str:
     """The 16-hex-digit identity of a job: ``config`` is its resolved config as plain data, ``inputs`` what
     it reads besides (None: ``config`` already holds them under ``inputs``, frozen by the job), ``neutral``
-    the dotted keys left out at their neutral value (``pipeline.config_schema.HASH_NEUTRAL``)."""
+    the dotted keys left out at their neutral value (``pipeline.config.schema.HASH_NEUTRAL``)."""
     tree = dict(config) if inputs is None else {**config, "inputs": inputs}
     stage = str(config["stage"]["name"])
     # A speed job's arm list hashes as the flags that came before it, where they express it (store/legacy_arms.py).

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from speclab.arms import PEER_METHODS, ArmEntry
-from speclab.tree_specs import parse_tree
+from speclab.specs.arms import PEER_METHODS, ArmEntry
+from speclab.specs.tree_shapes import parse_tree
 
 FLAGS: dict[str, Any] = {"peer": False, "peer_modes": ["matched"], "k_policies": [], "drafters": [],
                          "drafter_ks": [], "recommended": False, "best_fixed": False, "trees": []}

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from speclab.arms import Arm
-from speclab.stats import median_ci
+from speclab.specs.arms import Arm
+from speclab.stats.intervals import median_ci
 from store.best_fixed import BLOCK
 
 COLUMNS = ["pair", "kind", "choice", "predicted", "unseen_lo", "unseen_hi", "stated_coverage", "sample_prompts",

@@ -14,7 +14,7 @@ torch.set_num_threads(int(os.environ.get("SPECLAB_TEST_THREADS", 0)) or max(1, m
 @pytest.fixture(scope="session")
 def tiny_pair():
     """Target and an unrelated (useless) draft over a 64-token vocabulary."""
-    from speclab.models import tiny_random_model
+    from speclab.models.loading import tiny_random_model
 
     return tiny_random_model(64, seed=0), tiny_random_model(64, seed=1)
 
@@ -56,7 +56,7 @@ def _llama_cpp_items(items) -> None:
     marked = [item for item in items if item.get_closest_marker("llama_cpp")]
     if not marked:
         return
-    from speclab.engines.llama_build import installed
+    from speclab.engines.llama_cpp.build import installed
 
     if installed() is not None:
         return

@@ -67,7 +67,7 @@ def _batch_iterations(result) -> list:
 
 
 def _models():
-    from speclab.models import tiny_random_model
+    from speclab.models.loading import tiny_random_model
     from test_batch_greedy import perturbed_copy
 
     target = tiny_random_model(V, seed=5, logit_scale=3.0)
@@ -98,8 +98,8 @@ def _ids(p: list[int]) -> torch.Tensor:
 
 
 def _policies() -> dict[str, Callable[[], Any]]:
-    from speclab.k_policy import ConditionedK, CostModelK, FixedK, HeuristicK
-    from speclab.time_model import CostTable
+    from speclab.decoding.k_policy import ConditionedK, CostModelK, FixedK, HeuristicK
+    from speclab.costs.time_model import CostTable
 
     table = CostTable({1: 0.3, 2: 0.35}, {k: 1.0 + 0.08 * k for k in range(1, 9)})
     dear = CostTable({1: 0.9, 2: 1.0}, {k: 1.3 + 0.05 * k for k in range(1, 9)})
@@ -130,7 +130,7 @@ class OneRowLookup:
     """Prompt lookup through the one-row interface (start/propose/rollback/label): the loop wraps it in OneRow."""
 
     def __init__(self) -> None:
-        from speclab.drafters import PromptLookupDrafter
+        from speclab.decoding.drafters import PromptLookupDrafter
 
         self.inner = PromptLookupDrafter(max_ngram=2)
 
@@ -159,7 +159,7 @@ class OneRowModel:
         self.prompt = ids[0, :n_ctx].clone()
 
     def propose(self, ids, length, k, sampling, generator):
-        from speclab.sampling import logits_to_probs
+        from speclab.decoding.sampling import logits_to_probs
 
         seq = ids[0, :length].clone()
         if not torch.equal(seq[: self.prompt.shape[0]], self.prompt):
@@ -183,7 +183,7 @@ class OneRowModel:
 
 
 def _drafters(good, bad) -> dict[str, Callable[[], Any]]:
-    from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+    from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 
     return {
         "one_row_lookup": OneRowLookup,
@@ -199,9 +199,9 @@ def _drafters(good, bad) -> dict[str, Callable[[], Any]]:
 
 def loop_cases(target, good, bad, part: str) -> dict:
     """One drafter's generations under every k policy (``part`` = its name), or the other loop cases ("misc")."""
-    from speclab.acceptance import accept_sample_resample_target
-    from speclab.loop import plain_generate, speculative_generate
-    from speclab.sampling import SamplingConfig
+    from speclab.decoding.acceptance import accept_sample_resample_target
+    from speclab.decoding.loop import plain_generate, speculative_generate
+    from speclab.decoding.sampling import SamplingConfig
 
     out: dict[str, Any] = {}
     hot = SamplingConfig(True, 0.8, top_k=12, top_p=0.9)
@@ -243,9 +243,9 @@ def loop_cases(target, good, bad, part: str) -> dict:
 
 def batch_cases(target, good, bad, part: str) -> dict:
     """One drafter's batched generations (``part`` = its name), or the other batched cases ("misc")."""
-    from speclab.batch import batch_plain_generate, batch_speculative_generate
-    from speclab.batch_cache import sliding_window
-    from speclab.sampling import SamplingConfig
+    from speclab.decoding.batch import batch_plain_generate, batch_speculative_generate
+    from speclab.decoding.batch_cache import sliding_window
+    from speclab.decoding.sampling import SamplingConfig
 
     prompts = [torch.tensor(p) for p in PROMPTS]
     hot = SamplingConfig(True, 1.2, top_p=0.95)
@@ -289,7 +289,7 @@ def batch_cases(target, good, bad, part: str) -> dict:
 
 
 def rule_cases() -> dict:
-    from speclab import acceptance as A
+    from speclab.decoding import acceptance as A
 
     g = torch.Generator().manual_seed(11)
     out: dict[str, Any] = {}
@@ -327,7 +327,7 @@ def rule_cases() -> dict:
 
 
 def sampling_cases() -> dict:
-    from speclab.sampling import SamplingConfig, choose_token, logits_to_probs
+    from speclab.decoding.sampling import SamplingConfig, choose_token, logits_to_probs
 
     g = torch.Generator().manual_seed(12)
     logits = torch.randn(2, 10, generator=g) * 2
@@ -352,7 +352,7 @@ def cost_cases() -> dict:
 
 
 def _cost_cases() -> dict:
-    from speclab import cost_model as C
+    from speclab.costs import cost_model as C
 
     out: dict[str, Any] = {}
     out["types"] = [type(C.expected_tokens_per_iteration(0.7, 3)).__name__, type(C.predicted_speedup(0.7, 3, 0.2)).__name__,
@@ -445,7 +445,7 @@ def stats_cases() -> dict:
 
 
 def policy_cases() -> dict:
-    from speclab.k_policy import CostModelK, FixedK, HeuristicK, RowPolicies, as_count, as_policy
+    from speclab.decoding.k_policy import CostModelK, FixedK, HeuristicK, RowPolicies, as_count, as_policy
 
     out: dict[str, Any] = {}
     # Mixed evidence, then a long run of fully accepted iterations (the estimates approach 1: their caps matter).
@@ -490,7 +490,7 @@ def _row_policies(RowPolicies, HeuristicK):
 
 
 def lookup_cases() -> dict:
-    from speclab import drafters as D
+    from speclab.decoding import drafters as D
 
     out: dict[str, Any] = {}
     g = torch.Generator().manual_seed(14)
@@ -519,9 +519,9 @@ def lookup_cases() -> dict:
 def tree_cases() -> dict:
     """Tree generations (static, dynamic, lookup; greedy and sampled): tokens, every iteration's counts and each
     tree's size, so that a mutant changing what a tree arm measures fails here even where the output holds."""
-    from speclab.sampling import SamplingConfig
-    from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
-    from speclab.tree_loop import tree_generate
+    from speclab.decoding.sampling import SamplingConfig
+    from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+    from speclab.trees.tree_loop import tree_generate
 
     target, good, _ = _models()
     hot = SamplingConfig(True, 0.8, top_k=12, top_p=0.9)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from pipeline.config_schema import register
+from pipeline.config.schema import register
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -5,8 +5,8 @@ the runs measured for real only."""
 import pandas as pd
 import pytest
 
-from pipeline.jobs import output_path
-from speclab.planning import calibrate, measured, predict_runs
+from pipeline.jobs.identity import output_path
+from speclab.costs.planning import calibrate, measured, predict_runs
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
 

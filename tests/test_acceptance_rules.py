@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.acceptance import (
+from speclab.decoding.acceptance import (
     accept_greedy,
     accept_keep_draft,
     accept_sample,
@@ -11,7 +11,7 @@ from speclab.acceptance import (
     residual,
     sampling_rule,
 )
-from speclab.stats import chi_square
+from speclab.stats.goodness_of_fit import chi_square
 
 P = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
 Q = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.20, 0.30])

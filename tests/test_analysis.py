@@ -8,7 +8,7 @@ from analysis.common import bootstrap_ci, save_figure
 from analysis.correctness import distribution_summary, divergence_summary
 from analysis.drift import drift_table, drop_drifted
 from analysis.fit import acceptance_table, alpha_hat, predictor_errors, speed_points
-from speclab.cost_model import break_even_alpha, expected_tokens_per_iteration
+from speclab.costs.cost_model import break_even_alpha, expected_tokens_per_iteration
 
 BOOT = {"samples": 300, "seed": 0, "level": 0.95}
 
@@ -162,7 +162,7 @@ def test_figures_are_byte_stable(tmp_path):
 def test_bootstrap_ci_is_scipy_percentile_for_a_mean_and_order_statistics_for_a_median():
     from scipy import stats
 
-    from speclab.stats import median_ci
+    from speclab.stats.intervals import median_ci
 
     x = np.random.default_rng(1).normal(1.0, 0.2, 40)
     res = stats.bootstrap((x,), np.mean, n_resamples=400, method="percentile", rng=np.random.default_rng(7))

@@ -1,11 +1,11 @@
-"""Arms as data (speclab/arms.py): entries expand into the arms a speed job runs, stored rows read back into the
+"""Arms as data (speclab/specs/arms.py): entries expand into the arms a speed job runs, stored rows read back into the
 same arms with the same labels, one place says whether an arm runs the draft model, and the flags that came
 before translate both ways without changing a job's identity (store/legacy_arms.py)."""
 from __future__ import annotations
 
 import pytest
 
-from speclab.arms import (PLAIN, RECOMMENDED, Arm, ArmEntry, Job, drafter_looks_up, drafter_runs_model, entry,
+from speclab.specs.arms import (PLAIN, RECOMMENDED, Arm, ArmEntry, Job, drafter_looks_up, drafter_runs_model, entry,
                           expand_all, needs)
 from store.legacy_arms import FLAGS, arms_from_flags, effective_arms, flags_from_arms, identity_stage
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from speclab.loop import plain_generate, speculative_generate
-from speclab.models import check_vocabularies, load_pair, resolve_device, resolve_dtype, tiny_random_model
-from speclab.sampling import SamplingConfig
+from speclab.decoding.loop import plain_generate, speculative_generate
+from speclab.models.loading import check_vocabularies, load_pair, resolve_device, resolve_dtype, tiny_random_model
+from speclab.decoding.sampling import SamplingConfig
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.config_schema import register
-from pipeline.context import build_context
-from pipeline.errors import error_line
+from pipeline.config.schema import register
+from pipeline.jobs.context import build_context
+from pipeline.jobs.errors import error_line
 from pipeline.run import Job
 
 ROOT = Path(__file__).resolve().parents[1]

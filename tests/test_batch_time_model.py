@@ -8,8 +8,8 @@ import pytest
 
 from analysis.batch import (acceptance_traces, batch_costs, batch_speedups, error_metrics, model_error, time_model_runs,
                             with_time_model)
-from speclab.batch_time_model import BatchPassModel, BatchTimeModel, BatchTrace, calibrate_batch_loop
-from speclab.time_model import PARTS, LoopCosts, PassModel, TimeModel, Trace
+from speclab.costs.batch_time_model import BatchPassModel, BatchTimeModel, BatchTrace, calibrate_batch_loop
+from speclab.costs.time_model import PARTS, LoopCosts, PassModel, TimeModel, Trace
 
 BOOT = {"samples": 200, "seed": 0, "level": 0.95}
 

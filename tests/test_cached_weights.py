@@ -14,9 +14,9 @@ import torch
 from tokenizers import Tokenizer, models as tk_models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-import speclab.models as models
-from speclab.cache_files import RECORD, building, check_folder, partial_dir, partial_prefix, sweep_partials
-from speclab.models import load_model, tiny_random_model
+import speclab.models.loading as models
+from speclab.models.cache_files import RECORD, building, check_folder, partial_dir, partial_prefix, sweep_partials
+from speclab.models.loading import load_model, tiny_random_model
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def _killed_build(dest: Path, what: str) -> Path:
     """A process that starts a build of ``dest`` as speclab does, writes part of it and is killed (SIGKILL):
     what it leaves is the partial file or folder it named."""
     code = ("import os, signal, sys\nfrom pathlib import Path\n"
-            "from speclab.cache_files import building, partial_dir, partial_file\n"
+            "from speclab.models.cache_files import building, partial_dir, partial_file\n"
             f"dest = Path({str(dest)!r})\n"
             "with building(dest):\n"
             f"    tmp = partial_{what}(dest)\n"

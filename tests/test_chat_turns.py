@@ -13,16 +13,16 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
 
-import pipeline.turns as turns
-from pipeline.chat import PLAIN_JOIN, Answer, conversation_ids, uses_template
-from pipeline.jobs import output_path
-from pipeline.prompt_types import Prompt
-from pipeline.prompts import STAND_IN_TOKENS, check_window, encode, load_prompts
+import pipeline.prompts.turns as turns
+from pipeline.prompts.chat import PLAIN_JOIN, Answer, conversation_ids, uses_template
+from pipeline.jobs.identity import output_path
+from pipeline.prompts.prompt import Prompt
+from pipeline.prompts.sets import STAND_IN_TOKENS, check_window, encode, load_prompts
 from pipeline.run import run_parts
-from pipeline.turns import answers_dir, prompt_inputs, stored_answer
+from pipeline.prompts.turns import answers_dir, prompt_inputs, stored_answer
 from pipeline_helpers import make_cfg
-from speclab.batch_cache import sliding_window
-from speclab.models import ModelPair, tiny_random_model
+from speclab.decoding.batch_cache import sliding_window
+from speclab.models.loading import ModelPair, tiny_random_model
 from store.records import read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,7 +238,7 @@ def test_user_jsonl_from_the_command_line(tmp_path):
 
 
 def test_resolved_template_is_tagged():
-    from pipeline.job_runs import format_tags
+    from pipeline.jobs.runs import format_tags
 
     record = {"chat_template": "auto", "template_used": "on", "two_turn_prompts": 4, "answers_dir": "x"}
     assert format_tags(record) == {"chat_template_used": "on", "two_turn_prompts": "4"}

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from pipeline.config_schema import register
-from pipeline.jobs import config_hash
+from pipeline.config.schema import register
+from pipeline.jobs.identity import config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "config_hashes.json"

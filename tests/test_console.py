@@ -1,4 +1,4 @@
-"""What the console says around jobs: a sweep's progress line with the time left (pipeline/progress.py) and a
+"""What the console says around jobs: a sweep's progress line with the time left (pipeline/jobs/progress.py) and a
 ``--help`` of what a user picks (pipeline/run.py). Ctrl-C in a multirun: tests/test_runs_end.py."""
 import json
 import subprocess
@@ -7,9 +7,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pipeline.progress import STATE, SweepProgress, progress_line, sweep_size
+from pipeline.jobs.progress import STATE, SweepProgress, progress_line, sweep_size
 from pipeline.run import user_help
-from pipeline.summary import RECORD
+from pipeline.jobs.summary import RECORD
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,12 +76,12 @@ def test_a_ctrl_c_landing_in_a_finalizer_or_a_thread_prints_no_traceback():
 
     loud = run("")
     assert "Traceback" in loud.stderr and "KeyboardInterrupt" in loud.stderr  # what Python does on its own
-    quiet = run("from pipeline.errors import quiet_interrupts; quiet_interrupts()")
+    quiet = run("from pipeline.jobs.errors import quiet_interrupts; quiet_interrupts()")
     assert quiet.stderr == "" and quiet.stdout == "went on\n"
 
 
 def test_a_long_run_description_fits_mlflows_limit_in_whole_lines():
-    from pipeline.tracking import NOTE_LIMIT, note_text
+    from pipeline.tracking.mlflow_runs import NOTE_LIMIT, note_text
 
     short = ["a", "b"]
     assert note_text(short) == "a\nb"

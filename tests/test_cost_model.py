@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from speclab.cost_model import (
+from speclab.costs.cost_model import (
     best_k,
     break_even_alpha,
     expected_tokens_per_iteration,

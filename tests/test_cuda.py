@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.models import tiny_random_model
-from speclab.sampling import SamplingConfig
-from speclab.timing import memory_placement
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.models.loading import tiny_random_model
+from speclab.decoding.sampling import SamplingConfig
+from speclab.decoding.timing import memory_placement
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -32,8 +32,8 @@ def test_sampling_runs_on_cuda_with_device_generator():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tree_greedy_and_sampling_on_cuda(dtype):
-    from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
-    from speclab.tree_loop import tree_generate
+    from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+    from speclab.trees.tree_loop import tree_generate
 
     dev = torch.device("cuda")
     target = tiny_random_model(64, seed=0).to(dev, dtype)

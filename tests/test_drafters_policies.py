@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.drafters import ModelDrafter, PromptLookupDrafter, lookup_continuation
-from speclab.k_policy import CostModelK, FixedK, HeuristicK
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.models import draft_variant
-from speclab.sampling import GREEDY
+from speclab.decoding.drafters import ModelDrafter, PromptLookupDrafter, lookup_continuation
+from speclab.decoding.k_policy import CostModelK, FixedK, HeuristicK
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.models.loading import draft_variant
+from speclab.decoding.sampling import GREEDY
 
 PROMPTS = [[5], [3, 17, 9, 41, 2], [60, 1, 1, 1, 7, 22, 33, 12, 8]]
 
@@ -109,7 +109,7 @@ def test_cost_model_policy_tracks_alpha():
 
 
 def _dear_table():
-    from speclab.time_model import CostTable
+    from speclab.costs.time_model import CostTable
 
     # A draft step at 0.9 target steps and a jagged check: no k pays below alpha ~0.95.
     return CostTable({1: 0.9, 2: 1.0}, {k: 1.3 + 0.05 * k for k in range(1, 11)})
@@ -136,7 +136,7 @@ def test_cost_model_stops_speculating_where_no_k_pays_and_probes():
 
 
 def test_cost_model_keeps_speculating_where_drafting_pays():
-    from speclab.time_model import CostTable
+    from speclab.costs.time_model import CostTable
 
     cheap = CostTable({1: 0.1, 2: 0.12}, {k: 1.0 for k in range(1, 11)})
     p = CostModelK(0.1, 1.0, k_min=0, k_max=10, decay=0.7, table=cheap, estimator="positions")
@@ -173,7 +173,7 @@ def test_policy_bad_values():
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_hybrid_drafter_greedy_equals_plain_and_uses_both_sources(tiny_pair, prompt, k):
-    from speclab.drafters import HybridDrafter
+    from speclab.decoding.drafters import HybridDrafter
 
     target, _ = tiny_pair
     noisy = draft_variant(target, "copy", torch.device("cpu"))
@@ -192,11 +192,11 @@ def test_hybrid_drafter_keeps_the_sampling_distribution():
     """First-two-token joint of the whole loop against the exact joint by enumeration (as test_loop_sampling)."""
     import numpy as np
 
-    from speclab.cache import forward_logits, new_cache
-    from speclab.drafters import HybridDrafter
-    from speclab.models import tiny_random_model
-    from speclab.sampling import SamplingConfig, logits_to_probs
-    from speclab.stats import chi_square
+    from speclab.decoding.cache import forward_logits, new_cache
+    from speclab.decoding.drafters import HybridDrafter
+    from speclab.models.loading import tiny_random_model
+    from speclab.decoding.sampling import SamplingConfig, logits_to_probs
+    from speclab.stats.goodness_of_fit import chi_square
 
     V, prompt, cfg = 8, torch.tensor([[3, 1, 3]]), SamplingConfig(do_sample=True)  # the final 3 recurs: lookup proposes
     target, draft = tiny_random_model(V, seed=10, logit_scale=4.0), tiny_random_model(V, seed=11, logit_scale=4.0)
@@ -214,7 +214,7 @@ def test_hybrid_drafter_keeps_the_sampling_distribution():
 
 
 def test_lookup_label_is_the_matched_ngram_length_and_propose_reuses_the_match(tiny_pair):
-    from speclab.drafters import HybridDrafter, lookup_match
+    from speclab.decoding.drafters import HybridDrafter, lookup_match
 
     seq = torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3])
     assert lookup_match(seq) == (3, 10)  # [1, 2, 3] last occurred at 7..9, followed from index 10
@@ -236,7 +236,7 @@ def test_lookup_label_is_the_matched_ngram_length_and_propose_reuses_the_match(t
 
 
 def test_conditioned_policy_keeps_one_estimate_per_label():
-    from speclab.k_policy import ConditionedK
+    from speclab.decoding.k_policy import ConditionedK
 
     made = []
 
@@ -263,9 +263,9 @@ def test_conditioned_policy_keeps_one_estimate_per_label():
 def test_conditioned_cost_model_is_exact_and_prices_labels_apart(tiny_pair):
     """Greedy output equals plain with lookup and the hybrid under the label-conditioned policy, and
     the policy saw the matched n-gram lengths (and the hybrid's model iterations) as separate labels."""
-    from speclab.drafters import HybridDrafter
-    from speclab.k_policy import ConditionedK
-    from speclab.time_model import CostTable
+    from speclab.decoding.drafters import HybridDrafter
+    from speclab.decoding.k_policy import ConditionedK
+    from speclab.costs.time_model import CostTable
 
     target, draft = tiny_pair
     free = CostTable({1: 0.0, 2: 0.0}, {k: 1.0 + 0.1 * k for k in range(1, 9)})
@@ -288,13 +288,13 @@ def test_conditioned_policy_keeps_the_sampling_distribution():
     target's exact joint (chi-square), so choosing k from the matched n-gram does not bias sampling."""
     import numpy as np
 
-    from speclab.cache import forward_logits, new_cache
-    from speclab.drafters import HybridDrafter
-    from speclab.k_policy import ConditionedK
-    from speclab.models import tiny_random_model
-    from speclab.sampling import SamplingConfig, logits_to_probs
-    from speclab.stats import chi_square
-    from speclab.time_model import CostTable
+    from speclab.decoding.cache import forward_logits, new_cache
+    from speclab.decoding.drafters import HybridDrafter
+    from speclab.decoding.k_policy import ConditionedK
+    from speclab.models.loading import tiny_random_model
+    from speclab.decoding.sampling import SamplingConfig, logits_to_probs
+    from speclab.stats.goodness_of_fit import chi_square
+    from speclab.costs.time_model import CostTable
 
     V, prompt, cfg = 8, torch.tensor([[3, 1, 3]]), SamplingConfig(do_sample=True)
     target, draft = tiny_random_model(V, seed=10, logit_scale=4.0), tiny_random_model(V, seed=11, logit_scale=4.0)
@@ -335,7 +335,7 @@ def test_cost_model_estimate_is_decayed_accepted_over_decayed_checked_counts():
 
 
 def test_cost_model_k_is_the_best_predicted_k_for_its_estimate():
-    from speclab.cost_model import best_k
+    from speclab.costs.cost_model import best_k
 
     p = CostModelK(0.2, 1.1, k_min=1, k_max=8, decay=0.5, alpha0=0.6, prior_weight=2.0)
     for proposed, accepted in [(2, 2), (3, 3), (4, 1), (5, 5)]:
@@ -344,7 +344,7 @@ def test_cost_model_k_is_the_best_predicted_k_for_its_estimate():
 
 
 def test_hybrid_uses_lookup_exactly_when_the_continuation_reaches_min_match(tiny_pair):
-    from speclab.drafters import HybridDrafter
+    from speclab.decoding.drafters import HybridDrafter
 
     seq = torch.tensor([7, 1, 2, 3, 4, 5, 9, 1, 2, 3, 8, 6, 1, 2, 3]).view(1, -1)  # [1, 2, 3] continues at 10
     assert HybridDrafter(tiny_pair[1], min_match=5).label(seq, 15) == 3  # 5 tokens follow the match: enough
@@ -361,7 +361,7 @@ def _lookup_tree(drafter, tokens: list[int], max_depth: int = 10):
 
 def test_default_lookup_tree_uses_3_to_1_grams_4_branches_6_deep():
     """LookupTreeDrafter's defaults (n-grams 3 down to 1, the 4 latest matches, 6 tokens each), hand-computed."""
-    from speclab.tree_drafters import LookupTreeDrafter
+    from speclab.trees.tree_drafters import LookupTreeDrafter
 
     d = LookupTreeDrafter()
     # [1, 2, 3] recurs at 1 and 7 (a 4-gram would match only at 0): two branches, latest first, each 6 deep.
@@ -378,7 +378,7 @@ def test_default_lookup_tree_uses_3_to_1_grams_4_branches_6_deep():
 
 def test_lookup_tree_allows_equal_min_and_max_ngram_and_names_a_bad_size():
     """min_ngram == max_ngram is allowed (only that n-gram size is looked up); a size below 1 is refused by name."""
-    from speclab.tree_drafters import LookupTreeDrafter
+    from speclab.trees.tree_drafters import LookupTreeDrafter
 
     assert _lookup_tree(LookupTreeDrafter(max_ngram=2, min_ngram=2), [1, 2, 5, 1, 2]) == ([5, 1, 2], [-1, 0, 1])
     assert _lookup_tree(LookupTreeDrafter(max_ngram=2, min_ngram=2), [4, 8, 5, 6, 4]) == ([], [])
@@ -390,7 +390,7 @@ def test_lookup_tree_allows_equal_min_and_max_ngram_and_names_a_bad_size():
 
 def test_lookup_tree_without_a_match_is_an_empty_tree_of_token_ids():
     """No repeated n-gram: the empty tree, whose tokens are integer ids (appended to a sequence they stay ids)."""
-    from speclab.tree_drafters import LookupTreeDrafter
+    from speclab.trees.tree_drafters import LookupTreeDrafter
 
     seq = torch.arange(10)
     tree = LookupTreeDrafter().propose_tree(seq[None], 10, GREEDY, None, 5)
@@ -414,7 +414,7 @@ class _ReadableOnMeta:
 def test_lookup_tree_is_proposed_on_the_sequences_device():
     """The lookup tree's tokens are made on the sequence's device, not the CPU (the target's pass concatenates them
     with the sequence: on CUDA a CPU tree fails there)."""
-    from speclab.tree_drafters import LookupTreeDrafter
+    from speclab.trees.tree_drafters import LookupTreeDrafter
 
     seq = torch.tensor([[4, 8, 5, 6, 4]])
     assert _lookup_tree(LookupTreeDrafter(), seq[0].tolist()) == ([8, 5, 6, 4], [-1, 0, 1, 2])  # on the CPU

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from pipeline.stages.plan import choice_text
-from speclab.engine_plan import engine_costs, fit_overheads, predict_requests
-from speclab.planning import recommend
+from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests
+from speclab.costs.planning import recommend
 
 
 def timing_rows(t_step=0.010, d_step=0.004, flat=0.002):

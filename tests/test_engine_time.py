@@ -1,11 +1,11 @@
-"""The engine time model (speclab.engine_time) on hand numbers: passes = n - accepted, predicted time =
+"""The engine time model (speclab.costs.engine_time) on hand numbers: passes = n - accepted, predicted time =
 passes * (d * t_D + t_V(d + 1)) with d = drafted / passes, plain time = n * t_T."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from speclab.engine_time import (Counters, EngineCosts, PassCurve, iid_speedup, predict, predicted_speedups,
+from speclab.costs.engine_time import (Counters, EngineCosts, PassCurve, iid_speedup, predict, predicted_speedups,
                                  with_prompt)
 
 # target step 10 ms, draft step 2 ms, a check of 2 proposals (3 tokens) 12 ms, of 4 (5 tokens) 16 ms

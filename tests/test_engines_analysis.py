@@ -104,7 +104,7 @@ def test_each_run_priced_at_its_own_engines_costs(tables):
 def test_llama_runs_are_priced_with_the_overheads_its_plans_requests_calibrate():
     """What the timed passes leave out, fitted on the campaign's llama.cpp acceptance requests (a plan's): 1 ms per
     pass and 0.5 ms per drafted token with the draft model, 0.2 ms per pass (and per plain token) with n-gram lookup."""
-    from speclab.engine_time import Counters, EngineCosts, predict
+    from speclab.costs.engine_time import Counters, EngineCosts, predict
 
     t_t, t_d, t_v3 = LLAMA_COSTS["target_step"], LLAMA_COSTS["draft_step"], LLAMA_COSTS["verify"]
     timing = pd.DataFrame([{"pair": "p", "engine": "llama_cpp", "model": model, "prompt_id": "a", "context_len": 50,

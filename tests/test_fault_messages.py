@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pipeline.config_schema import STAGE_SCHEMAS, register
-from pipeline.errors import error_line
+from pipeline.config.schema import STAGE_SCHEMAS, register
+from pipeline.jobs.errors import error_line
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 register()
@@ -49,7 +49,7 @@ def test_mlflows_database_error_traceback_never_reaches_the_console(capfd):
     # handler before raising; the tracker says the outage in one line, so that traceback must not print.
     import mlflow.store.db.utils as db_utils
 
-    import pipeline.tracking  # noqa: F401 - what the pipeline's processes import
+    import pipeline.tracking.mlflow_runs  # noqa: F401 - what the pipeline's processes import
 
     try:
         raise RuntimeError("database is locked")

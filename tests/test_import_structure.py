@@ -65,8 +65,8 @@ def test_no_import_cycle_between_our_modules():
 def test_the_cycle_finder_finds_cycles():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
-    # a function-level import counts: pipeline.jobs -> pipeline.job_inputs in either place
-    assert "pipeline.job_inputs" in imports("pipeline.jobs")
+    # a function-level import counts: pipeline.jobs.identity -> pipeline.jobs.inputs in either place
+    assert "pipeline.jobs.inputs" in imports("pipeline.jobs.identity")
 
 
 def _import_alone(module: str) -> tuple[str, int, str]:
@@ -95,7 +95,7 @@ def test_a_floor_never_reaches_up(floor, forbidden):
 
 
 def test_the_floor_check_sees_an_import_inside_a_function():
-    assert "speclab/planning.py" in imported_files("analysis.time_model")
+    assert "speclab/costs/planning.py" in imported_files("analysis.time_model")
     assert "pipeline/stages/__init__.py" in imported_files("pipeline.run")
 
 
@@ -108,3 +108,79 @@ def test_importing_every_analysis_module_loads_no_torch():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert len(names) >= 20
+
+
+# The floors of each package, lowest first: a module may import its own floor and the floors below it, never one
+# above. A floor is a sub-package (its folder) or, for modules directly in the package, the entry points on top.
+FLOORS = {
+    "speclab": ["speclab.stats", "speclab.specs", "speclab.costs", "speclab.decoding", "speclab.models",
+                "speclab.trees", "speclab.measures", "speclab.drafting", "speclab.engines", "speclab"],
+    "pipeline": ["pipeline.config", "pipeline.tracking", "pipeline.prompts", "pipeline.jobs", "pipeline.engines",
+                 "pipeline.stages", "pipeline"],
+}
+
+
+def floor_of(module: str) -> str:
+    """The sub-package a module sits in (``speclab.decoding.loop`` -> ``speclab.decoding``); a module directly in
+    its package (``pipeline.run``) or the package itself sits on the package's top floor."""
+    parts = module.split(".")
+    sub = ".".join(parts[:2])
+    return sub if len(parts) > 2 or (len(parts) == 2 and (ROOT / Path(*parts)).is_dir()) else parts[0]
+
+
+def arrows_up(graph: dict[str, set[str]], floors: list[str]) -> list[str]:
+    """Every import in ``graph`` (module -> modules it imports) from a floor to a higher one of ``floors``, as
+    'a -> b (floor -> floor)'; imports of other packages are not this check's."""
+    rank = {f: i for i, f in enumerate(floors)}
+    out = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = floor_of(module), floor_of(target)
+            if b in rank and rank[b] > rank[a]:
+                out.append(f"{module} -> {target} ({a} -> {b})")
+    return out
+
+
+def floor_graph(package: str) -> dict[str, set[str]]:
+    return {m: {t for t in imports(m) if t.startswith(f"{package}.") and module_file(t).name != "__init__.py"}
+            for m in modules(package)}
+
+
+@pytest.mark.parametrize("package", sorted(FLOORS))
+def test_no_import_runs_up_a_floor(package):
+    """The sub-packages' stated order (each one's __init__ docstring says what it may import) holds for every import,
+    at module level or in a function: the graph with sub-packages as nodes has no arrow back up."""
+    assert {floor_of(m) for m in modules(package)} <= set(FLOORS[package]), "a sub-package without a floor"
+    assert not arrows_up(floor_graph(package), FLOORS[package])
+
+
+def test_the_floor_check_sees_an_arrow_up():
+    floors = FLOORS["pipeline"]
+    assert arrows_up({"pipeline.config.schema": {"pipeline.stages.speed"}}, floors) == [
+        "pipeline.config.schema -> pipeline.stages.speed (pipeline.config -> pipeline.stages)"]
+    assert arrows_up({"pipeline.stages.speed": {"pipeline.config.schema", "pipeline.stages.shared"}}, floors) == []
+    assert floor_of("pipeline.run") == "pipeline" and floor_of("speclab.engines.llama_cpp.build") == "speclab.engines"
+
+
+# Two modules of one name are the same concept on two floors, and this says which.
+SAME_CONCEPT = {
+    "acceptance.py": "acceptance rules (speclab) and the stage that measures acceptance (pipeline)",
+    "arms.py": "the arm as data (speclab.specs), an engine's arms (speclab.engines.llama_cpp), a job's arms (pipeline)",
+    "batch.py": "the batched loop, the batch stage that runs it, the batch analysis that reads it",
+    "divergence.py": "why a greedy output diverged (speclab) and the stage that asks it (pipeline)",
+    "identity.py": "a config's hash (store) and a job's identity built on it (pipeline.jobs)",
+    "inputs.py": "what a job reads besides its config (pipeline.jobs) and what a DVC stage reads (analysis)",
+    "time_model.py": "the time model (speclab.costs) and its analysis (analysis)",
+    "timing.py": "honest timing (speclab.decoding) and the timing stage that uses it (pipeline.stages)",
+    "verdict.py": "the speculate-or-not rule (speclab.stats) and a job's verdict lines from it (pipeline.jobs)",
+}
+
+
+def test_a_file_name_is_used_once_unless_the_same_concept():
+    """No file name twice across speclab/, pipeline/, store/ and analysis/ except ``SAME_CONCEPT``'s."""
+    seen: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name != "__init__.py":
+                seen.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    assert {n: p for n, p in seen.items() if len(p) > 1 and n not in SAME_CONCEPT} == {}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.interval_coverage import RUNS, paired_blocks, ratios, true_paired_median
-from speclab.stats import median_ci, runs_needed
+from speclab.stats.intervals import median_ci, runs_needed
 
 TRIALS = 2000
 

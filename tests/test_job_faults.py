@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.jobs import config_hash, output_path
+from pipeline.jobs.identity import config_hash, output_path
 from store.records import check_stage_file, read_meta
 from pipeline.run import run_parts
 from pipeline.stages import acceptance
@@ -46,7 +46,7 @@ def _job_script(tmp_path, patch: str, uri: str) -> subprocess.CompletedProcess:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
         import os, runpy, signal, sys, time
-        import pipeline.tracking
+        import pipeline.tracking.mlflow_runs
         {patch}
         sys.argv = ["pipeline.run", "pair=tiny_random", "prompts=smoke", "max_new_tokens=12", "device=cpu",
                     "outputs_dir={tmp_path / 'outputs'}", "stage=acceptance", "max_new_tokens=6",
@@ -63,7 +63,7 @@ def test_kill_between_parquet_and_run_is_repaired_on_rerun(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger='speclab')
     cfg, uri = _tracked(tmp_path)
     # SIGKILL cannot be caught: the child dies with its Parquet written and its run still RUNNING.
-    res = _job_script(tmp_path, "pipeline.tracking.Tracker.finish = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)",
+    res = _job_script(tmp_path, "pipeline.tracking.mlflow_runs.Tracker.finish = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)",
                       uri)
     assert res.returncode == -signal.SIGKILL, res.stderr
     path = output_path(cfg, "acceptance")
@@ -226,7 +226,7 @@ def test_dead_tracking_server_costs_seconds_not_minutes(tmp_path, server):
 
 
 def _fresh_tracking_state(monkeypatch) -> None:
-    import pipeline.tracking as tracking
+    import pipeline.tracking.mlflow_runs as tracking
 
     monkeypatch.setattr(tracking, "_down", {})
     monkeypatch.setattr(tracking, "_said", set())
@@ -239,7 +239,7 @@ def test_a_full_disk_under_the_tracking_store_never_stops_the_measurement(tmp_pa
     import errno
     from contextlib import contextmanager
 
-    import pipeline.tracking as tracking
+    import pipeline.tracking.mlflow_runs as tracking
 
     _fresh_tracking_state(monkeypatch)
 

@@ -1,11 +1,11 @@
-"""A speed job ends with its answer per kind (pipeline/job_verdict.py), and a sweep's closing table carries each
-job's trust state and the best configuration per kind over its jobs (pipeline/summary.py)."""
+"""A speed job ends with its answer per kind (pipeline/jobs/verdict.py), and a sweep's closing table carries each
+job's trust state and the best configuration per kind over its jobs (pipeline/jobs/summary.py)."""
 import json
 import math
 
-from pipeline.job_verdict import as_records, kind_verdicts, verdict_lines
+from pipeline.jobs.verdict import as_records, kind_verdicts, verdict_lines
 from pipeline.stages import ArmResult
-from pipeline.summary import RECORD, multirun_summary
+from pipeline.jobs.summary import RECORD, multirun_summary
 
 NAN = math.nan
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from speclab import models
-from speclab.batch import batch_plain_generate, batch_speculative_generate
-from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
-from speclab.k_policy import CostModelK, FixedK, HeuristicK
-from speclab.loop import plain_generate, speculative_generate
-from speclab.models import load_model, load_pair, tiny_random_model
+from speclab.models import loading as models
+from speclab.decoding.batch import batch_plain_generate, batch_speculative_generate
+from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from speclab.decoding.k_policy import CostModelK, FixedK, HeuristicK
+from speclab.decoding.loop import plain_generate, speculative_generate
+from speclab.models.loading import load_model, load_pair, tiny_random_model
 
 CPU = torch.device("cpu")
 VARIANTS = ["'copy'", "'int8'", "'bf16'", "'fp16'", "'layers:N'"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import pipeline.tracking as tracking
+import pipeline.tracking.mlflow_runs as tracking
 
 pytestmark = [pytest.mark.llama_cpp, pytest.mark.slow]
 
@@ -123,7 +123,7 @@ def _script(path: Path, body: str) -> Path:
 
 def _counting_binary(tmp_path: Path) -> tuple[Path, Path]:
     """The real llama-server behind a script that notes each start: (the script, the file of its notes)."""
-    from speclab.engines.llama_build import installed
+    from speclab.engines.llama_cpp.build import installed
 
     notes = tmp_path / "started"
     real = installed() / "llama-server"
@@ -177,7 +177,7 @@ def test_a_target_that_is_not_gguf_is_named(written, tag, tmp_path):
 
 
 def test_a_gguf_whose_tensors_do_not_load_is_the_servers_own_line(written, tag, tmp_path):
-    from speclab.models import packaged_gguf_path
+    from speclab.models.loading import packaged_gguf_path
 
     cut = tmp_path / "cut.gguf"
     with open(packaged_gguf_path("smollm2-135m"), "rb") as f:

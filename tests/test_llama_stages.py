@@ -19,10 +19,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from pipeline.config_schema import ConfigError
-from pipeline.engine_checks import check_engine
+from pipeline.config.schema import ConfigError
+from pipeline.engines.option_checks import check_engine
 from pipeline.stages.divergence import engine_analyse
-from speclab.engines.llama_cpp import EngineRun
+from speclab.engines.llama_cpp.engine import EngineRun
 from tests.pipeline_helpers import make_cfg
 
 ROOT = Path(__file__).resolve().parents[1]

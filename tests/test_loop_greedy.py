@@ -4,14 +4,14 @@ import time
 import pytest
 import torch
 
-from speclab.acceptance import accept_sample
-from speclab.batch import batch_speculative_generate
-from speclab.cache import crop_to, forward_logits, new_cache
-from speclab.drafters import HybridDrafter, PromptLookupDrafter
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.models import draft_variant, tiny_random_model
-from speclab.sampling import GREEDY, SamplingConfig
-from speclab.step import run_speculative
+from speclab.decoding.acceptance import accept_sample
+from speclab.decoding.batch import batch_speculative_generate
+from speclab.decoding.cache import crop_to, forward_logits, new_cache
+from speclab.decoding.drafters import HybridDrafter, PromptLookupDrafter
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.models.loading import draft_variant, tiny_random_model
+from speclab.decoding.sampling import GREEDY, SamplingConfig
+from speclab.decoding.step import run_speculative
 
 PROMPTS = [[5], [3, 17, 9, 41, 2], [60, 1, 1, 1, 7, 22, 33, 12, 8]]
 
@@ -91,7 +91,7 @@ def test_crop_to_keeps_prefix():
 
 
 def test_acceptance_rate_counts_checked_proposals_only():
-    from speclab.loop import GenerationResult, IterationStats
+    from speclab.decoding.loop import GenerationResult, IterationStats
 
     its = [IterationStats(4, 2, False, 3, 0, 0, 0, 0), IterationStats(4, 4, True, 5, 0, 0, 0, 0),
            IterationStats(2, 0, False, 1, 0, 0, 0, 0)]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from speclab.batch import batch_speculative_generate
-from speclab.loop import plain_greedy, speculative_generate
+from speclab.decoding.batch import batch_speculative_generate
+from speclab.decoding.loop import plain_greedy, speculative_generate
 
 
 class Oracle:

@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.acceptance import accept_keep_draft, accept_sample
-from speclab.cache import forward_logits, new_cache
-from speclab.loop import speculative_generate
-from speclab.models import tiny_random_model
-from speclab.sampling import SamplingConfig, logits_to_probs
-from speclab.stats import chi_square
+from speclab.decoding.acceptance import accept_keep_draft, accept_sample
+from speclab.decoding.cache import forward_logits, new_cache
+from speclab.decoding.loop import speculative_generate
+from speclab.models.loading import tiny_random_model
+from speclab.decoding.sampling import SamplingConfig, logits_to_probs
+from speclab.stats.goodness_of_fit import chi_square
 
 V = 8
 PROMPT = torch.tensor([[3, 1, 4]])

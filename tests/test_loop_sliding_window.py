@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from speclab.loop import plain_greedy, speculative_generate
+from speclab.decoding.loop import plain_greedy, speculative_generate
 
 V, WINDOW = 64, 8
 

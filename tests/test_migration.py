@@ -15,8 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from pipeline.config_schema import register
-from pipeline.jobs import config_hash, output_path
+from pipeline.config.schema import register
+from pipeline.jobs.identity import config_hash, output_path
 from store.layout import STAGES, campaigns, stage_paths
 from store.manifest import is_published
 from store.records import read_meta

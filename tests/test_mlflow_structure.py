@@ -124,7 +124,7 @@ def test_the_experiment_is_of_the_classic_ml_kind_new_or_existing(tmp_path):
     without a kind gets it when first used, and a kind chosen by the user stays."""
     import mlflow
 
-    from pipeline.tracking import Tracker
+    from pipeline.tracking.mlflow_runs import Tracker
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.MlflowClient(uri)
@@ -140,7 +140,7 @@ def test_the_experiment_is_of_the_classic_ml_kind_new_or_existing(tmp_path):
 def test_two_sweeps_started_in_the_same_second_get_names_of_their_own(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    import pipeline.tracking as tracking
+    import pipeline.jobs.sweep as tracking
 
     for var in (tracking.PARENT_ENV, tracking.PARENT_URI_ENV, tracking.SWEEP_PID_ENV, tracking.SWEEP_DIR_ENV,
                 tracking.SWEPT_ENV):

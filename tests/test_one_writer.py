@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.jobs import config_hash, output_path
+from pipeline.jobs.identity import config_hash, output_path
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
 
@@ -107,8 +107,8 @@ def test_a_new_sqlite_store_is_created_once(tmp_path, jobs):
     """Processes that find a store missing at once: one creates it, the others use it (none is told
     it is unreachable, as with an "online migration" error of two creators)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = ("import sys, pipeline.tracking as t\n"
-            "from pipeline.tracking import Tracker\n"
+    code = ("import sys, pipeline.tracking.mlflow_runs as t\n"
+            "from pipeline.tracking.mlflow_runs import Tracker\n"
             "problem = t.tracking_problem(sys.argv[1])\n"
             "tr = Tracker(sys.argv[1], 'speclab', problem is None)\n"
             "print(problem or tr.start('probe', {'level': 'probe'}, {}, {}) or 'no run')\n")

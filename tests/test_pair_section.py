@@ -15,8 +15,8 @@ import yaml
 from analysis import pair_section as ps
 from analysis.report import pair_campaign
 from pipeline.stages import acceptance, speed, timing
-from speclab.model_size import model_size
-from speclab.models import int8_dynamic, tiny_random_model
+from speclab.models.size import model_size
+from speclab.models.loading import int8_dynamic, tiny_random_model
 from store import layout
 from store.records import check_stage_file, open_stage_file, write_parquet
 
@@ -45,12 +45,12 @@ def test_model_size_counts_float_and_int8_packed_weights():
 
 
 def ps_size(params, n_bytes, layers):
-    from speclab.model_size import ModelSize
+    from speclab.models.size import ModelSize
     return ModelSize(params, n_bytes, layers)
 
 
 def test_timing_stage_records_both_models_sizes(tmp_path):
-    from pipeline.jobs import output_path
+    from pipeline.jobs.identity import output_path
     from pipeline.run import run_parts
     from pipeline_helpers import make_cfg
 
@@ -286,7 +286,7 @@ def test_drafts_compared_on_the_prompts_every_pair_has(campaign):
     alpha = _alpha(ACCEPTED[("code", 4)] + ACCEPTED[("prose", 4)], 4)
     assert d.alpha_k4["main"] == pytest.approx(alpha) and d.alpha_k4["side"] == pytest.approx(alpha)
     assert list(sec.drafts.pair) == ["main", "side"]   # fastest first: main's draft is cheaper (0.4 vs 0.7)
-    from speclab.time_model import iid_speedup
+    from speclab.costs.time_model import iid_speedup
     for pair, c_draft in (("main", 0.4), ("side", 0.7)):
         pred = {k: iid_speedup(alpha, k, c_draft, 1 + 0.05 * k) for k in ps.VERIFY_KS}
         assert d.iid_best_k[pair] == max(pred, key=pred.get)

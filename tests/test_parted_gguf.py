@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from speclab.parted_gguf import DamagedPart, PartedGGUF, assemble
+from speclab.models.parted_gguf import DamagedPart, PartedGGUF, assemble
 
 PARTS = [b"GGUF" + bytes(range(60)), bytes(range(100, 164)) * 3, b"tail"]
 
@@ -81,7 +81,7 @@ def test_a_joined_file_is_reused_without_reading_the_parts(parted, tmp_path):
 
 
 def test_the_qwen_models_are_registered_with_their_recorded_sizes():
-    from speclab.models import MODEL_NAMES, PARTED_GGUF, model_source
+    from speclab.models.loading import MODEL_NAMES, PARTED_GGUF, model_source
 
     assert PARTED_GGUF["qwen2.5-coder-1.5b"].total_bytes == 1_117_320_768
     assert len(PARTED_GGUF["qwen2.5-coder-1.5b"].parts) == 22
@@ -96,7 +96,7 @@ def test_the_qwen_models_are_registered_with_their_recorded_sizes():
     ("tiny-random:1", "int4", "draft_dtype='int4' is not allowed: use one of"),
 ])
 def test_bad_draft_dtype_fails_before_loading(draft, draft_dtype, match):
-    from speclab.models import load_pair
+    from speclab.models.loading import load_pair
 
     with pytest.raises(ValueError, match=match):
         load_pair("tiny-random", draft, "cpu", "float32", draft_dtype)
@@ -104,8 +104,8 @@ def test_bad_draft_dtype_fails_before_loading(draft, draft_dtype, match):
 
 @pytest.mark.parametrize("draft_dtype,weight_dtype", [("bfloat16", "torch.bfloat16"), ("int8", "qint8")])
 def test_a_named_draft_takes_its_own_dtype(draft_dtype, weight_dtype):
-    from speclab.loop import plain_greedy, speculative_generate
-    from speclab.models import load_pair
+    from speclab.decoding.loop import plain_greedy, speculative_generate
+    from speclab.models.loading import load_pair
     import torch
 
     pair = load_pair("tiny-random", "tiny-random:1", "cpu", "float32", draft_dtype)
@@ -140,7 +140,7 @@ def test_an_interrupted_join_is_removed_by_the_next_one(parted, tmp_path):
     spec, _ = parted
     cache = tmp_path / "cache"
     cache.mkdir()
-    code = ("import os, signal\nfrom pathlib import Path\nfrom speclab.cache_files import building, partial_file\n"
+    code = ("import os, signal\nfrom pathlib import Path\nfrom speclab.models.cache_files import building, partial_file\n"
             f"dest = Path({str(cache / spec.filename)!r})\n"
             "with building(dest):\n"
             "    tmp = partial_file(dest)\n"

@@ -3,8 +3,8 @@ import copy
 
 import torch
 
-from speclab.models import tiny_random_model
-from speclab.peer import hf_generate
+from speclab.models.loading import tiny_random_model
+from speclab.measures.peer import hf_generate
 
 
 def _target_passes(target, assistant, mode: str, k: int, n_new: int) -> tuple[int, list[int]]:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.jobs import output_path
+from pipeline.jobs.identity import output_path
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
 

@@ -4,8 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.context import build_context
-from pipeline.jobs import output_path
+from pipeline.jobs.context import build_context
+from pipeline.jobs.identity import output_path
 from pipeline.run import run_parts
 from pipeline.stages import acceptance, distribution, divergence, speed, timing
 from pipeline_helpers import make_cfg

@@ -120,9 +120,9 @@ def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_fr
     from hydra.utils import get_class
 
     from pipeline.stages.acceptance import configurations
-    from pipeline.strategies import drafter_conf
-    from speclab.strategy import Prices, drafts_with_model
-    from speclab.time_model import CostTable
+    from pipeline.config.strategy_config import drafter_conf
+    from speclab.drafting.strategy import Prices, drafts_with_model
+    from speclab.costs.time_model import CostTable
     from tests.pipeline_helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "stage=plan", "stage.acceptance_ks=[1,2]", "k=3")
@@ -148,10 +148,10 @@ def test_free_proposals_keep_being_checked_where_a_paid_draft_stops(tmp_path):
 
     from hydra.utils import get_class
 
-    from pipeline.jobs import config_hash
-    from pipeline.strategies import drafter_conf, policy_conf, policy_spec
-    from speclab.strategy import Prices, drafts_with_model
-    from speclab.time_model import CostTable
+    from pipeline.jobs.identity import config_hash
+    from pipeline.config.strategy_config import drafter_conf, policy_conf, policy_spec
+    from speclab.drafting.strategy import Prices, drafts_with_model
+    from speclab.costs.time_model import CostTable
     from tests.pipeline_helpers import make_cfg
 
     # A dear check (1.3 target steps and more) and a dear draft step: few rejections stop every paid k.
@@ -185,9 +185,9 @@ def test_a_job_that_follows_a_plan_or_schema_defaults_is_a_new_job_when_they_cha
     schema by that schema's newer defaults; jobs that read neither keep their hash."""
     import pyarrow as pa
 
-    from pipeline.config_schema import CostModelKConf
-    from pipeline.job_inputs import freeze, latest_plan_file
-    from pipeline.jobs import campaign_dir, config_hash
+    from pipeline.config.schema import CostModelKConf
+    from pipeline.jobs.inputs import freeze, latest_plan_file
+    from pipeline.jobs.identity import campaign_dir, config_hash
     from store.records import write_parquet
     from tests.pipeline_helpers import make_cfg
 
@@ -230,7 +230,7 @@ def _predictions(per_kind: int) -> pd.DataFrame:
 
 
 def test_plan_takes_a_kinds_own_choice_only_when_it_wins_on_prompts_it_did_not_see():
-    from speclab.planning import recommend
+    from speclab.costs.planning import recommend
 
     few = recommend(_predictions(2), level=0.9)
     rec = few[few.recommended].set_index("kind")
@@ -255,9 +255,9 @@ def test_plan_takes_a_kinds_own_choice_only_when_it_wins_on_prompts_it_did_not_s
 
 def test_each_planned_configuration_says_where_an_unseen_prompt_of_its_kind_falls():
     """Not the sample median's interval: the order statistics that cover one more prompt of the kind, with how
-    often (speclab.stats.prediction_interval); plain decoding is exactly 1."""
+    often (speclab.stats.intervals.prediction_interval); plain decoding is exactly 1."""
     from pipeline.stages.plan import unseen_text
-    from speclab.planning import recommend
+    from speclab.costs.planning import recommend
 
     plan = recommend(_predictions(4), level=0.9)
     k6 = plan[(plan.kind == "structured") & (plan.k == 6)].iloc[0]

@@ -1,4 +1,4 @@
-"""The planner's per-kind choice (speclab.planning.recommend / held_out), checked by a seeded simulation
+"""The planner's per-kind choice (speclab.costs.planning.recommend / held_out), checked by a seeded simulation
 (benchmarks/plan_rule_simulation.py): two kinds whose prompts differ, known true speed-ups per kind. Configuration A
 is good everywhere (the robust, pooled choice); B is 30% faster than A on kind "wide" (a gap far beyond the noise);
 C is 1% faster than A on kind "tie" (inside the noise). The rule must take B for "wide" and keep A for "tie" at 2, 4

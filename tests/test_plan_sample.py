@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speclab.planning import settled
+from speclab.costs.planning import settled
 
 MODEL4, LOOKUP4 = ("model", "fixed", 4), ("prompt_lookup", "fixed", 4)
 
@@ -46,7 +46,7 @@ def test_the_bound_is_the_runner_ups_not_the_worst_candidates():
 
 
 def _plan(tmp_path, *overrides):
-    from pipeline.jobs import output_path
+    from pipeline.jobs.identity import output_path
     from pipeline.run import run_parts
     from tests.pipeline_helpers import make_cfg
 
@@ -75,7 +75,7 @@ def test_the_plan_grows_unsettled_kinds_within_its_budgets_and_says_why_it_stopp
             assert sizes[kind] == 3 and "stage.sample_max_prompts=3" in r.sample_stop
     assert set(plan.prompt_ids.iloc[0].split(",")) == set(acc.prompt_id)
     # The added prompts are the kind's next ones in the file, after the sample per_kind chose.
-    from pipeline.prompts import load_prompts
+    from pipeline.prompts.sets import load_prompts
     for kind, n in sizes.items():
         assert set(acc[acc.kind == kind].prompt_id) == {p.id for p in load_prompts("default.yaml", [kind], n)}
 

@@ -1,11 +1,11 @@
-"""An interval for an unseen prompt of a kind (speclab.stats.prediction_interval), checked by simulation the way the
+"""An interval for an unseen prompt of a kind (speclab.stats.intervals.prediction_interval), checked by simulation the way the
 speed-up intervals are: kinds whose prompts differ (heterogeneous within a kind), known true speed-ups per prompt,
 the interval built on n sample prompts and checked against one more prompt of the kind. The interval the plan
 reports today (an interval of the sample's median) covers an unseen prompt far less often than its level."""
 import numpy as np
 import pytest
 
-from speclab.stats import median_ci, prediction_interval, prediction_size_needed
+from speclab.stats.intervals import median_ci, prediction_interval, prediction_size_needed
 
 REPS = 4000
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config_schema import HASH_NEUTRAL, ConfigError, check_config
-from pipeline.jobs import config_hash, plain_config
-from pipeline.prompt_files import parse_jsonl
-from pipeline.prompts import MT_BENCH, PROMPT_DIR, load_prompts, shipped_files
+from pipeline.config.schema import HASH_NEUTRAL, ConfigError, check_config
+from pipeline.jobs.identity import config_hash, plain_config
+from pipeline.prompts.prompt_files import parse_jsonl
+from pipeline.prompts.sets import MT_BENCH, PROMPT_DIR, load_prompts, shipped_files
 from pipeline_helpers import make_cfg
 from store.identity import config_hash as store_hash
 from store.layout import STAGES

@@ -26,8 +26,8 @@ from omegaconf import open_dict
 import pipeline.run
 from analysis import jobs, sealed
 from analysis.common import run_script
-from pipeline.errors import error_line
-from pipeline.jobs import output_path
+from pipeline.jobs.errors import error_line
+from pipeline.jobs.identity import output_path
 from pipeline.run import run_parts
 from pipeline.stages import acceptance, speed
 from pipeline_helpers import make_cfg

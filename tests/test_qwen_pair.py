@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from speclab.parted_gguf import QWEN25_CODER_1P5B, DamagedPart, assemble
+from speclab.models.parted_gguf import QWEN25_CODER_1P5B, DamagedPart, assemble
 
 HAVE_PARTS = all(importlib.util.find_spec(f"{QWEN25_CODER_1P5B.module_prefix}{n}") is not None
                  for n in range(1, len(QWEN25_CODER_1P5B.parts) + 1))
@@ -49,7 +49,7 @@ def test_a_truncated_real_part_is_one_line_naming_it(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def qwen():
-    from speclab.models import load_pair
+    from speclab.models.loading import load_pair
 
     return load_pair("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "cpu", "bfloat16")
 
@@ -68,9 +68,9 @@ def test_the_pair_shares_its_vocabulary_and_eos(qwen):
 def test_greedy_speculative_equals_plain_greedy_on_the_shipped_prompts(qwen):
     """Every shipped prompt at k = 1, 2, 4, 8: the output equals plain greedy, or the first difference is a
     near-tie of the target's logits (the divergence stage's verdict, gap in units in the last place)."""
-    from pipeline.prompts import encode, load_prompts
-    from speclab.divergence import classify, first_difference, recompute_logits
-    from speclab.loop import plain_greedy, speculative_generate
+    from pipeline.prompts.sets import encode, load_prompts
+    from speclab.measures.divergence import classify, first_difference, recompute_logits
+    from speclab.decoding.loop import plain_greedy, speculative_generate
 
     prompts = load_prompts("default.yaml", ["prose", "code", "structured"])
     assert len(prompts) >= 12

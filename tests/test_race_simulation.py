@@ -1,4 +1,4 @@
-"""The race (speclab.racing) keeps its stated error rate over repeated looks: simulated blocks of plain decoding and
+"""The race (speclab.stats.racing) keeps its stated error rate over repeated looks: simulated blocks of plain decoding and
 six arms, two of them within 1% of the best, under log-normal, drifting and heavy-tailed noise (seeded;
 benchmarks/race_simulation.py). The same simulation without the correction for looks and rivals drops the best arm
 three to five times as often as the level allows."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.race_simulation import NOISES, summary
-from speclab.racing import DECIDED, FIRST_LOOK, PRECISION, RaceRule, half_width, look, upper_bound
+from speclab.stats.racing import DECIDED, FIRST_LOOK, PRECISION, RaceRule, half_width, look, upper_bound
 
 TRIALS = 400
 LEVEL = 0.95

@@ -12,8 +12,8 @@ pytestmark = [
 
 
 def test_default_pair_greedy_speculative_equals_plain():
-    from speclab.loop import plain_greedy, speculative_generate
-    from speclab.models import load_pair
+    from speclab.decoding.loop import plain_greedy, speculative_generate
+    from speclab.models.loading import load_pair
 
     pair = load_pair("smollm2-135m", "int8", "cpu")
     assert pair.target.config.vocab_size == pair.draft.config.vocab_size == 49152
@@ -31,13 +31,13 @@ def test_replay_equals_the_loop_on_the_default_pair():
     so two tokens in one call are not two steps), counted; a teacher-forced draft pass is far off."""
     import torch
 
-    from pipeline.prompts import encode, load_prompts
-    from speclab.drafters import PromptLookupDrafter
-    from speclab.k_policy import CostModelK
-    from speclab.loop import speculative_generate
-    from speclab.models import load_pair
-    from speclab.replay_check import compare, loop_iterations
-    from speclab.replay_reference import greedy_reference
+    from pipeline.prompts.sets import encode, load_prompts
+    from speclab.decoding.drafters import PromptLookupDrafter
+    from speclab.decoding.k_policy import CostModelK
+    from speclab.decoding.loop import speculative_generate
+    from speclab.models.loading import load_pair
+    from speclab.drafting.replay_check import compare, loop_iterations
+    from speclab.drafting.replay_reference import greedy_reference
 
     pair = load_pair("smollm2-135m", "int8", "cpu")
     model_iterations = differing = forced_differing = agreeing = 0

@@ -1,5 +1,5 @@
 """Does the published answer hold here? A speed job's medians beside the published figures of the same pair, kind
-and configuration (pipeline/published.py), and the recheck that reruns a pair's published best configurations
+and configuration (pipeline/jobs/published.py), and the recheck that reruns a pair's published best configurations
 (pipeline/recheck.py)."""
 import math
 from pathlib import Path
@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from analysis.answer import Answer
-from pipeline.published import comparison_lines, published_best
+from pipeline.jobs.published import comparison_lines, published_best
 from pipeline.recheck import RecheckError, command, entry_of, hydra_value, pair_of, published_arms
 from pipeline.stages import ArmResult
-from speclab.arms import Arm
-from speclab.verdict import agreement
+from speclab.specs.arms import Arm
+from speclab.stats.verdict import agreement
 
 NAN = math.nan
 ROOT = Path(__file__).resolve().parents[1]

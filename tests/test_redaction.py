@@ -11,8 +11,8 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from requests.utils import get_auth_from_url
 
-from pipeline.redact import RedactFilter, redact, redact_all
-from pipeline.secrets import ENV_PREFIX, lift, resolve
+from pipeline.tracking.redact import RedactFilter, redact, redact_all
+from pipeline.tracking.secrets import ENV_PREFIX, lift, resolve
 from store.credentials import connectable, public_url
 from store.mlflow_probe import first_line, unreachable
 
@@ -144,7 +144,7 @@ def test_the_printed_link_has_no_credentials():
 def test_a_pickled_tracker_holds_no_credentials():
     import mlflow
 
-    from pipeline.tracking import Tracker
+    from pipeline.tracking.mlflow_runs import Tracker
 
     tracker = Tracker("http://alice:***@127.0.0.1:9", "speclab", True)
     tracker._client = mlflow.MlflowClient(f"http://alice:{SECRET}@127.0.0.1:9")  # as after connecting

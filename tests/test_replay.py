@@ -1,4 +1,4 @@
-"""The greedy replay (speclab.replay) makes the loop's own decisions: on tiny fp32 models every replayed
+"""The greedy replay (speclab.drafting.replay) makes the loop's own decisions: on tiny fp32 models every replayed
 iteration equals the speculative loop's (length, proposals, accepted, new tokens, the draft's catch-up
 and calls) for fixed k, adaptive policies, every drafter, EOS inside the output and tight budgets;
 and an off-by-one in the replay's cap, budget, EOS or catch-up rule is caught by these cases."""
@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-import speclab.replay as rp
-from speclab.acceptance import accept_sample
-from speclab.drafters import HybridDrafter, PromptLookupDrafter
-from speclab.k_policy import ConditionedK, CostModelK, FixedK, HeuristicK
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.models import draft_variant, tiny_random_model
-from speclab.replay import ReplayDrafter, replay
-from speclab.replay_check import compare
-from speclab.replay_reference import greedy_reference
-from speclab.sampling import GREEDY
-from speclab.step import run_speculative
-from speclab.time_model import CostTable
+import speclab.drafting.replay as rp
+from speclab.decoding.acceptance import accept_sample
+from speclab.decoding.drafters import HybridDrafter, PromptLookupDrafter
+from speclab.decoding.k_policy import ConditionedK, CostModelK, FixedK, HeuristicK
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.models.loading import draft_variant, tiny_random_model
+from speclab.drafting.replay import ReplayDrafter, replay
+from speclab.drafting.replay_check import compare
+from speclab.drafting.replay_reference import greedy_reference
+from speclab.decoding.sampling import GREEDY
+from speclab.decoding.step import run_speculative
+from speclab.costs.time_model import CostTable
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -157,7 +157,7 @@ def test_tight_token_budgets(pair, drafter):
 
 
 def _differing(monkeypatch, name, fake, cases):
-    """How many of ``cases`` (drafter, policy, max_new, eos) differ from the loop once ``speclab.replay.<name>``
+    """How many of ``cases`` (drafter, policy, max_new, eos) differ from the loop once ``speclab.drafting.replay.<name>``
     is replaced by ``fake``."""
     target = tiny_random_model(64, seed=3, num_layers=4, logit_scale=2.0)
     drafts = {"model": draft_variant(target, "copy", CPU), "lookup": None}

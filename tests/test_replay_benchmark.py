@@ -3,10 +3,10 @@ on a tiny model its iterations equal the speculative loop's, for fixed k and the
 import torch
 
 from benchmarks.bench_lookup_policy_replay import replay
-from speclab.drafters import PromptLookupDrafter
-from speclab.k_policy import ConditionedK, CostModelK, FixedK
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.time_model import CostTable
+from speclab.decoding.drafters import PromptLookupDrafter
+from speclab.decoding.k_policy import ConditionedK, CostModelK, FixedK
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.costs.time_model import CostTable
 
 PROMPTS = [[3, 17, 9, 41, 2, 3, 17, 9, 41], [60, 1, 1, 1, 7, 22, 33, 12, 8, 1, 1, 7]]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import pipeline.tracking as tracking
+import pipeline.tracking.mlflow_runs as tracking
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
 

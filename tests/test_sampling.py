@@ -2,7 +2,7 @@ import torch
 
 import numpy as np
 
-from speclab.sampling import SamplingConfig, choose_token, logits_to_probs
+from speclab.decoding.sampling import SamplingConfig, choose_token, logits_to_probs
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 

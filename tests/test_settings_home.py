@@ -15,9 +15,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from pipeline.config_schema import CHECKS, HASH_NEUTRAL, SCHEMAS, SpeclabConf, register
-from pipeline.settings import NOT_NEUTRAL, declarations, same_as, setting
-from pipeline.value_checks import int_at_least
+from pipeline.config.schema import CHECKS, HASH_NEUTRAL, SCHEMAS, SpeclabConf, register
+from pipeline.config.settings import NOT_NEUTRAL, declarations, same_as, setting
+from pipeline.config.value_checks import int_at_least
 from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,8 +129,8 @@ def test_a_key_two_schemas_declare_differently_is_refused():
 def test_shared_values_are_defined_once(conf):
     """The drift limit, the MLflow store and the plan's level come from code the analysis reads too."""
     from analysis.tracking import tracking_settings
-    from speclab.planning import recommend
-    from speclab.strategy import default_of
+    from speclab.costs.planning import recommend
+    from speclab.drafting.strategy import default_of
 
     cfg = compose(config_name="config", overrides=["stage=plan", "outputs_dir=/tmp"])
     assert cfg.trust.max_drift == DRIFT_LIMIT == HASH_NEUTRAL["trust.max_drift"].value

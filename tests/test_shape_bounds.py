@@ -1,6 +1,6 @@
 """Shapes that would take the machine down are one-line refusals with their estimate, before any model loads:
 trees, tree node counts, k, pass lengths and batches too large for the memory, trees asking more candidates
-than the vocabulary, and tree arms on models whose attention takes no 4-D mask (pipeline/shape_checks.py)."""
+than the vocabulary, and tree arms on models whose attention takes no 4-D mask (pipeline/jobs/shape_checks.py)."""
 import copy
 import json
 import os
@@ -14,13 +14,13 @@ import pytest
 import torch
 import yaml
 
-from pipeline.config_schema import ConfigError
-from pipeline.context import load_job_prompts
-from pipeline.shape_checks import check_shapes, job_shapes, pair_models
+from pipeline.config.schema import ConfigError
+from pipeline.jobs.context import load_job_prompts
+from pipeline.jobs.shape_checks import check_shapes, job_shapes, pair_models
 from pipeline_helpers import make_cfg
-from speclab.memory_estimate import GIB, dims_from_config
-from speclab.models import tiny_random_config, tiny_random_model
-from speclab.tree_specs import make_tree_drafter, parse_tree
+from speclab.models.memory import GIB, dims_from_config
+from speclab.models.loading import tiny_random_config, tiny_random_model
+from speclab.specs.tree_shapes import make_tree_drafter, parse_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE = 24 * GIB  # this machine's memory: the shipped presets must fit in it
@@ -201,9 +201,9 @@ ARCHITECTURES = {  # the architectures the tests build, and whether a tree can b
 @pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_a_tree_arm_is_exact_or_refused_in_one_line_on_each_architecture(arch):
-    from speclab.loop import plain_greedy
-    from speclab.tree_drafters import StaticTreeDrafter
-    from speclab.tree_loop import tree_generate
+    from speclab.decoding.loop import plain_greedy
+    from speclab.trees.tree_drafters import StaticTreeDrafter
+    from speclab.trees.tree_loop import tree_generate
 
     make, refusal = ARCHITECTURES[arch]
     target = make()
@@ -255,7 +255,7 @@ def test_the_dynamic_tree_that_took_the_machine_down_is_refused_at_start(tmp_pat
                                   "dynamic:5-4-16", "dynamic:6-1-3"])
 def test_the_sizes_estimated_are_those_the_drafters_build(spec):
     # What the estimate counts (nodes verified, nodes fed to the draft) against a drafter's real tree.
-    from speclab.sampling import GREEDY
+    from speclab.decoding.sampling import GREEDY
 
     tree_spec = parse_tree(spec)
     drafter = make_tree_drafter(parse_tree(spec.replace("-80-", "-8-")), tiny_random_model(64, seed=1, logit_scale=3.0))
@@ -274,8 +274,8 @@ def test_a_packaged_gguf_is_sized_from_its_header_alone():
     # Before its first conversion a packaged model is sized from its GGUF header (no tensor read).
     import importlib.util
 
-    from speclab.gguf_header import config_from_gguf
-    from speclab.models import PACKAGED_GGUF
+    from speclab.models.gguf_header import config_from_gguf
+    from speclab.models.loading import PACKAGED_GGUF
 
     _, module, filename = PACKAGED_GGUF["smollm2-135m"]
     spec = importlib.util.find_spec(module)
@@ -289,10 +289,10 @@ def test_a_packaged_gguf_is_sized_from_its_header_alone():
         (49152, 576, 30, 9, 3, 64, 8192)
 
 
-@pytest.mark.parametrize("model_type", __import__("speclab.tree_support", fromlist=["x"]).TREE_READY_TYPES)
+@pytest.mark.parametrize("model_type", __import__("speclab.trees.support", fromlist=["x"]).TREE_READY_TYPES)
 def test_the_architectures_answered_without_their_class_do_take_position_ids(model_type):
     # The fast answer for these types must be the one their class gives (read from transformers itself).
-    from speclab.tree_support import causal_lm_class, tree_mask_problem
+    from speclab.trees.support import causal_lm_class, tree_mask_problem
 
     cls = causal_lm_class({"model_type": model_type})
     assert cls is not None, model_type
@@ -300,7 +300,7 @@ def test_the_architectures_answered_without_their_class_do_take_position_ids(mod
 
 
 def test_the_tiny_models_shapes_before_load_are_its_configs():
-    from speclab.model_configs import model_config
+    from speclab.models.configs import model_config
 
     config, _ = model_config("tiny-random")
     built = tiny_random_config().to_dict()

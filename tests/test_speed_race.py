@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.context import build_context
-from pipeline.engine_speclab import SpeclabRunner
+from pipeline.jobs.context import build_context
+from pipeline.engines.speclab_runner import SpeclabRunner
 from pipeline.stages import speed
 from pipeline.stages.speed_race import BUDGET_ROUNDS, FIXED, STOPS
 from pipeline_helpers import make_cfg
-from speclab.racing import DECIDED, FIRST_LOOK, PRECISION
+from speclab.stats.racing import DECIDED, FIRST_LOOK, PRECISION
 
 BASE = ["stage=speed", "stage.timing_repeats=1", "stage.timing_warmup=0"]
 KINDS = "prompts.kinds=[code,prose]"

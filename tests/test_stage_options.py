@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.jobs import config_hash, output_path
+from pipeline.jobs.identity import config_hash, output_path
 from pipeline.run import run_parts, validate
 from pipeline.stages import stage_module
-from pipeline.stages.options import USES, check_used, unused_note
+from pipeline.config.stage_options import USES, check_used, unused_note
 from pipeline_helpers import make_cfg
 from store.layout import STAGES
 

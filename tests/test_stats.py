@@ -1,9 +1,11 @@
 import numpy as np
 import pytest
 
-from speclab.stats import bootstrap_interval, chi_square, chi_square_top, median_ci, pool_bins, runs_needed
+from speclab.stats.intervals import bootstrap_interval, median_ci, runs_needed
 
 
+
+from speclab.stats.goodness_of_fit import chi_square, chi_square_top, pool_bins
 def test_pooling_keeps_totals_and_minimum_expected():
     rng = np.random.default_rng(0)
     for n_bins, conc, n in [(64, 0.3, 3000), (16, 1.0, 100), (200, 0.1, 500)]:
@@ -71,7 +73,7 @@ def test_chi_square_top_keeps_the_most_likely_tokens():
 
 
 def test_chi_square_power_separates_near_and_far_distributions():
-    from speclab.stats import chi_square_power
+    from speclab.stats.goodness_of_fit import chi_square_power
 
     null = np.array([0.4, 0.3, 0.2, 0.1])
     assert chi_square_power(null, null, 2000, sims=100) < 0.1

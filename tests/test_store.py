@@ -18,7 +18,7 @@ SCHEMA = pa.schema([("x", pa.int64())])
 
 def config_hash(config: dict, inputs: dict | None = None) -> str:
     """The store's hash with the keys the pipeline's schema declares hash-neutral."""
-    from pipeline.config_schema import HASH_NEUTRAL
+    from pipeline.config.schema import HASH_NEUTRAL
 
     return identity.config_hash(config, inputs, neutral=HASH_NEUTRAL)
 
@@ -40,7 +40,7 @@ def test_config_hash_ignores_where_a_job_ran_and_the_code_that_runs_a_setting():
     base = config_hash(CONFIG)
     moved = {**CONFIG, "campaign": "other", "outputs_dir": "/elsewhere", "threads": 2, "force": True,
              "mlflow": {"enabled": False}}
-    named = {**CONFIG, "drafter": {"_target_": "speclab.drafters.ModelDrafter", "name": "model"},
+    named = {**CONFIG, "drafter": {"_target_": "speclab.decoding.drafters.ModelDrafter", "name": "model"},
              "k_policy": {"_target_": "speclab.policies.FixedK", "name": "fixed"}}
     assert config_hash(moved) == config_hash(named) == base
     assert config_hash({**CONFIG, "k": 3}) != base
@@ -65,12 +65,12 @@ def test_config_hash_names_the_inputs_frozen_or_given():
 def test_pipeline_hash_of_a_composed_config_ignores_target_keys(tmp_path):
     from omegaconf import OmegaConf
 
-    from pipeline.jobs import config_hash
+    from pipeline.jobs.identity import config_hash
     from pipeline_helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "stage=speed")
     plain = OmegaConf.to_container(cfg, resolve=True)  # the schema has no `_target_` yet: add it to a copy
-    plain["drafter"]["_target_"], plain["k_policy"]["_target_"] = "speclab.drafters.ModelDrafter", "speclab.FixedK"
+    plain["drafter"]["_target_"], plain["k_policy"]["_target_"] = "speclab.decoding.drafters.ModelDrafter", "speclab.FixedK"
     assert config_hash(OmegaConf.create(plain)) == config_hash(cfg)
 
 

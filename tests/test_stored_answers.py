@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.answer_files import HASH, content_hash
-from pipeline.chat import Answer
-from pipeline.prompt_types import Prompt
-from pipeline.turns import answers_dir, prompt_inputs
+from pipeline.prompts.answer_files import HASH, content_hash
+from pipeline.prompts.chat import Answer
+from pipeline.prompts.prompt import Prompt
+from pipeline.prompts.turns import answers_dir, prompt_inputs
 from pipeline_helpers import make_cfg
-from speclab.models import ModelPair, tiny_random_model
+from speclab.models.loading import ModelPair, tiny_random_model
 from test_chat_turns import _tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_an_answer_file_without_a_hash_is_used_and_hashed_as_read(tmp_path):
 
 def test_the_published_answers_still_pass_their_checks():
     """Every committed answer file (written before hashes) passes the checks made when it is read."""
-    from pipeline.answer_files import ABOUT, read_answer
+    from pipeline.prompts.answer_files import ABOUT, read_answer
 
     files = sorted((ROOT / "outputs" / "campaigns").glob("*/answers/*.json"))
     for path in files:

@@ -10,12 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pipeline.config_schema import DRAFTERS, K_POLICIES, CostModelKConf, HeuristicKConf, HybridConf, PromptLookupConf
-from pipeline.strategies import drafter_conf, make_drafter, policy_conf, policy_spec
-from speclab.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
-from speclab.k_policy import ConditionedK, CostModelK, FixedK, HeuristicK
-from speclab.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, Prices, make_strategy
-from speclab.time_model import CostTable
+from pipeline.config.schema import DRAFTERS, K_POLICIES, CostModelKConf, HeuristicKConf, HybridConf, PromptLookupConf
+from pipeline.config.strategy_config import drafter_conf, make_drafter, policy_conf, policy_spec
+from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from speclab.decoding.k_policy import ConditionedK, CostModelK, FixedK, HeuristicK
+from speclab.drafting.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, Prices, make_strategy
+from speclab.costs.time_model import CostTable
 from tests.pipeline_helpers import CONF, make_cfg
 
 TABLE = CostTable({1: 0.5, 2: 0.6}, {k: 1.0 + 0.05 * k for k in range(1, 11)})
@@ -85,7 +85,7 @@ def test_constructor_defaults_are_the_config_defaults(tmp_path):
     composed = make_cfg(tmp_path, "k_policy=cost_model").k_policy
     assert {n: composed[n] for n in cost} == defaults(CostModelK, cost)
     assert dict(make_cfg(tmp_path, "drafter=hybrid").drafter) == {**defaults(HybridDrafter, hybrid), "name": "hybrid",
-                                                                  "_target_": "speclab.drafters.HybridDrafter"}
+                                                                  "_target_": "speclab.decoding.drafters.HybridDrafter"}
 
 
 def test_an_extra_arm_takes_its_options_defaults(tmp_path):
@@ -93,7 +93,7 @@ def test_an_extra_arm_takes_its_options_defaults(tmp_path):
     assert policy_spec(policy_conf(cfg, "cost_model")) == CostModelPolicy()
     assert policy_spec(policy_conf(cfg)) == HeuristicPolicy(k_max=6)
     lookup = drafter_conf(cfg, "prompt_lookup")  # the job drafter's n-gram sizes, lookup's own class
-    assert (lookup._target_, lookup.max_ngram, lookup.min_ngram) == ("speclab.drafters.PromptLookupDrafter", 5, 1)
+    assert (lookup._target_, lookup.max_ngram, lookup.min_ngram) == ("speclab.decoding.drafters.PromptLookupDrafter", 5, 1)
     assert drafter_conf(cfg) is cfg.drafter
 
 
@@ -114,7 +114,7 @@ class EveryOtherToken:
 
 
 def test_a_new_drafter_is_one_class_and_one_option(tiny_pair):
-    from speclab.loop import plain_greedy, speculative_generate
+    from speclab.decoding.loop import plain_greedy, speculative_generate
 
     option = OmegaConf.create({"_target_": f"{__name__}.EveryOtherToken", "name": "every_other", "gap": 3})
     strategy = make_strategy(make_drafter(option, tiny_pair[1]), CostModelPolicy(), 2, TABLE)
@@ -131,7 +131,7 @@ def test_a_new_drafter_option_file_is_checked_and_built(tmp_path, monkeypatch, t
 
     from hydra import compose, initialize_config_dir
 
-    import pipeline.config_schema as schema
+    import pipeline.config.schema as schema
     from store.layout import STAGES
 
     conf = tmp_path / "conf"
@@ -153,8 +153,8 @@ def test_a_new_drafter_option_file_is_checked_and_built(tmp_path, monkeypatch, t
 @pytest.mark.parametrize("overrides", [[], ["k_policy=cost_model", "drafter=hybrid"], ["stage=plan", "k_policy=heuristic"]])
 def test_target_keys_name_no_job_and_no_param(tmp_path, overrides):
     """An option's class is not what a job measures: its hash and its MLflow params leave ``_target_`` out."""
-    from pipeline.jobs import config_hash
-    from pipeline.jobs import run_params
+    from pipeline.jobs.identity import config_hash
+    from pipeline.jobs.identity import run_params
 
     cfg = make_cfg(tmp_path, *overrides)
     plain = OmegaConf.to_container(cfg)

@@ -1,8 +1,9 @@
-"""A multirun ended by a job's failure still prints its summary, naming the job (pipeline.tracking)."""
+"""A multirun ended by a job's failure still prints its summary, naming the job (pipeline.tracking.mlflow_runs)."""
 import json
 
-from pipeline.summary import RECORD
-from pipeline.tracking import SWEEP_DIR_ENV, summary_after_failure
+from pipeline.jobs.summary import RECORD
+from pipeline.tracking.mlflow_runs import SWEEP_DIR_ENV
+from pipeline.jobs.sweep import summary_after_failure
 
 
 def test_the_summary_names_the_killed_job(tmp_path, monkeypatch, capsys):

@@ -3,8 +3,8 @@ loop's costs, and the k choice of the cost table. No model runs."""
 import numpy as np
 import pytest
 
-from speclab.k_policy import CostModelK
-from speclab.time_model import CostTable, LoopCosts, PassModel, TimeModel, Trace, calibrate_loop, iid_speedup
+from speclab.decoding.k_policy import CostModelK
+from speclab.costs.time_model import CostTable, LoopCosts, PassModel, TimeModel, Trace, calibrate_loop, iid_speedup
 
 
 def _rows(fn, lens, ctxs):
@@ -184,7 +184,7 @@ def _acc_rows(job: str, prompt: str = "p0") -> "pd.DataFrame":
 def test_runs_of_two_jobs_never_merge_into_one_trace():
     import pandas as pd
 
-    from speclab.planning import traces
+    from speclab.costs.planning import traces
 
     assert len(traces(pd.concat([_acc_rows("a"), _acc_rows("b", "p1")]))) == 2
     with pytest.raises(ValueError, match="acceptance rows of 2 jobs describe one run"):

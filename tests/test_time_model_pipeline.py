@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from store.best_fixed import best_fixed
-from pipeline.jobs import output_path
+from pipeline.jobs.identity import output_path
 from pipeline.run import run_parts
 from pipeline_helpers import make_cfg
-from speclab.drafters import HybridDrafter
-from speclab.loop import speculative_generate
+from speclab.decoding.drafters import HybridDrafter
+from speclab.decoding.loop import speculative_generate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,13 +6,13 @@ import re
 import pytest
 import torch
 
-from speclab.cache import forward_logits, new_cache
-from speclab.models import tiny_random_model
-from speclab.sampling import GREEDY
-from speclab.tree import Tree, check_tree_model
-from speclab.tree_cache import check_plain_cache, keep_path
-from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
-from speclab.tree_loop import tree_generate, verify_tree
+from speclab.decoding.cache import forward_logits, new_cache
+from speclab.models.loading import tiny_random_model
+from speclab.decoding.sampling import GREEDY
+from speclab.trees.tree import Tree, check_tree_model
+from speclab.trees.path_cache import check_plain_cache, keep_path
+from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+from speclab.trees.tree_loop import tree_generate, verify_tree
 from test_batch_greedy import ARCHS, perturbed_copy
 from test_loop_sliding_window import _gemma
 

@@ -10,10 +10,10 @@ acceptance with a perfect draft.
 import pytest
 import torch
 
-from speclab.loop import plain_greedy, speculative_generate
-from speclab.models import draft_variant
-from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
-from speclab.tree_loop import tree_generate
+from speclab.decoding.loop import plain_greedy, speculative_generate
+from speclab.models.loading import draft_variant
+from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+from speclab.trees.tree_loop import tree_generate
 from test_batch_greedy import ARCHS, V, perturbed_copy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,9 +9,9 @@ tokens of plain greedy's output (the loop), searched over every node of the tree
 import pytest
 import torch
 
-from speclab.tree import Tree, walk_greedy
-from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
-from speclab.tree_loop import tree_generate
+from speclab.trees.tree import Tree, walk_greedy
+from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+from speclab.trees.tree_loop import tree_generate
 from test_tree_greedy import LOOKUP_PROMPTS, N_NEW, arch, recording  # noqa: F401  (arch: the fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -86,7 +86,7 @@ def test_every_iteration_accepts_the_longest_root_path_that_continues_plain_gree
 
 def test_lookup_tree_iterations_accept_the_brute_force_longest_path(arch):
     name, target, _, _, _ = arch
-    from speclab.loop import plain_greedy
+    from speclab.decoding.loop import plain_greedy
 
     for tokens in LOOKUP_PROMPTS:
         ids = torch.tensor([tokens])
@@ -122,8 +122,8 @@ def _children_tokens(tree: Tree, node: int) -> list[int]:
 def test_default_dynamic_tree_is_eagle2s_16_nodes_of_depth_5_grown_4_wide():
     """DynamicTreeDrafter's defaults (depth 5, top-4, 16 nodes): the draft-call widths the time model prices, the
     tree size, and the kept nodes equal the 16 best path probabilities of a brute-force EAGLE-2 expansion."""
-    from speclab.models import tiny_random_model
-    from speclab.sampling import GREEDY
+    from speclab.models.loading import tiny_random_model
+    from speclab.decoding.sampling import GREEDY
 
     model = tiny_random_model(64, seed=3, logit_scale=2.0)
     prompt = [5, 9, 13]
@@ -156,8 +156,8 @@ def test_default_dynamic_tree_is_eagle2s_16_nodes_of_depth_5_grown_4_wide():
 def test_dynamic_tree_under_top_k_sampling_never_spends_a_node_on_a_token_without_mass():
     """Under top-k=2 sampling a child outside the draft's top 2 has probability 0: the dynamic tree proposes only
     tokens the filtered draft can produce (2 children per expanded node), so the node budget is not wasted."""
-    from speclab.models import tiny_random_model
-    from speclab.sampling import SamplingConfig, logits_to_probs
+    from speclab.models.loading import tiny_random_model
+    from speclab.decoding.sampling import SamplingConfig, logits_to_probs
 
     model = tiny_random_model(64, seed=4, logit_scale=2.0)
     cfg = SamplingConfig(do_sample=True, top_k=2)
@@ -178,8 +178,8 @@ def test_dynamic_tree_under_top_k_sampling_never_spends_a_node_on_a_token_withou
 def test_static_tree_under_top_k_sampling_draws_only_tokens_with_mass():
     """Static [3, 3] under top-k=2 sampling: each node gets as many children as its filtered distribution has
     tokens with mass (2, not 3), exactly those tokens (drawn without replacement), each row of draws a distribution."""
-    from speclab.models import tiny_random_model
-    from speclab.sampling import SamplingConfig, logits_to_probs
+    from speclab.models.loading import tiny_random_model
+    from speclab.decoding.sampling import SamplingConfig, logits_to_probs
 
     model = tiny_random_model(64, seed=5, logit_scale=2.0)
     cfg = SamplingConfig(do_sample=True, top_k=2)
@@ -222,7 +222,7 @@ ON_META = "Cannot copy out of meta tensor"
 def test_dynamic_tree_feeds_and_proposes_tokens_on_the_sequences_device(tiny_pair):
     """The dynamic drafter builds each level's tokens for the draft model and the proposed tree on the device of
     the sequence (ids on CUDA: tokens on the CPU would fail in the draft's embedding and in the target's pass)."""
-    from speclab.sampling import GREEDY
+    from speclab.decoding.sampling import GREEDY
 
     drafter = DynamicTreeDrafter(tiny_pair[1], depth=3, topk=2, nodes=5)
     drafter.draft = stub = _SameRowsDraft(torch.arange(8, dtype=torch.float32))
@@ -234,7 +234,7 @@ def test_dynamic_tree_feeds_and_proposes_tokens_on_the_sequences_device(tiny_pai
 @pytest.mark.parametrize("kind", ["static", "dynamic", "lookup"])
 def test_an_empty_tree_is_on_the_sequences_device(tiny_pair, kind):
     """With no depth left (max_depth 0) every tree drafter returns the empty tree on the sequence's device."""
-    from speclab.sampling import GREEDY
+    from speclab.decoding.sampling import GREEDY
 
     drafter = {"static": lambda: StaticTreeDrafter(tiny_pair[1], [2]),
                "dynamic": lambda: DynamicTreeDrafter(tiny_pair[1]), "lookup": lambda: LookupTreeDrafter()}[kind]()
@@ -248,8 +248,8 @@ def test_an_empty_tree_is_on_the_sequences_device(tiny_pair, kind):
 def test_tree_drafters_project_only_the_positions_they_use_onto_the_vocabulary():
     """The draft's prefill and its catch-up pass project one position onto the vocabulary (the last), a level one
     per node: a whole prompt's projection would add real prefill/draft time on a large-vocabulary model."""
-    from speclab.models import tiny_random_model
-    from speclab.sampling import GREEDY
+    from speclab.models.loading import tiny_random_model
+    from speclab.decoding.sampling import GREEDY
 
     model = tiny_random_model(64, seed=6)
     rows = []
@@ -266,7 +266,7 @@ def test_tree_drafters_project_only_the_positions_they_use_onto_the_vocabulary()
 
 def test_a_fresh_tree_drafter_reports_no_draft_calls():
     """Before any proposal a drafter's ``last_widths`` is the empty list (no draft-model calls), as the protocol says."""
-    from speclab.models import tiny_random_model
+    from speclab.models.loading import tiny_random_model
 
     model = tiny_random_model(64, seed=0)
     assert StaticTreeDrafter(model).last_widths == []
@@ -294,7 +294,7 @@ def test_static_tree_bad_branching_message():
     """A bad static shape is refused with the value and what is allowed, in full."""
     import re
 
-    from speclab.models import tiny_random_model
+    from speclab.models.loading import tiny_random_model
 
     with pytest.raises(ValueError, match="^" + re.escape("branching=[2, 0] is not allowed: use a non-empty list of "
                                                          "integers >= 1 (children per node at each depth)") + "$"):

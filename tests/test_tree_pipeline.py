@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 
 from analysis.trees import arm_table, comparisons, config_of, curve_table, depth_acceptance, markdown, pass_width
-from pipeline.config_schema import ConfigError, check_config
+from pipeline.config.schema import ConfigError, check_config
 from pipeline.run import run_parts
-from pipeline.jobs import output_path
+from pipeline.jobs.identity import output_path
 from pipeline.stages import speed, timing
-from speclab.tree_specs import FAMILIES, parse_tree
+from speclab.specs.tree_shapes import FAMILIES, parse_tree
 from pipeline_helpers import make_cfg
-from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
-from speclab.tree_time import CostCurve, parse_counts, predicted_speedup
+from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+from speclab.trees.pricing import CostCurve, parse_counts, predicted_speedup
 
 BOOT = {"samples": 200, "seed": 0, "level": 0.95}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -172,7 +172,7 @@ def test_acceptance_and_plan_rank_trees_beside_chains(tmp_path):
     assert len(full) and (full.accepted == 2).all() and (full.draft_call_width == 2).all()
     chains = acc[~acc.drafter.str.startswith("tree:")]
     assert (chains.tree_nodes == 0).all() and (chains.draft_call_width == 1).all()
-    from speclab.planning import traces
+    from speclab.costs.planning import traces
 
     runs = {key[2]: tr for key, tr, _ in traces(acc[acc.prompt_id == acc.prompt_id.iloc[0]])}
     assert runs["tree:static:2-1"].tree and not runs["model"].tree and runs["model"].nodes is None
@@ -184,7 +184,7 @@ def test_acceptance_and_plan_rank_trees_beside_chains(tmp_path):
 
 
 def test_the_time_model_prices_a_tree_by_its_nodes_and_level_widths():
-    from speclab.time_model import LoopCosts, PassModel, TimeModel, Trace
+    from speclab.costs.time_model import LoopCosts, PassModel, TimeModel, Trace
 
     flat = (lambda table: PassModel(table, {n: 0.0 for n in table}, 50.0, (0.0, 0.001)))
     target, tree = flat({1: 1.0, 3: 1.5, 7: 2.0}), flat({1: 1.0, 3: 1.7, 7: 3.0})

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.models import tiny_random_model
-from speclab.sampling import SamplingConfig
-from speclab.stats import chi_square
-from speclab.tree import Tree, point_masses, walk_sample
-from speclab.tree_drafters import DynamicTreeDrafter, StaticTreeDrafter
-from speclab.tree_loop import tree_generate
-from speclab.tree_rules import accept_candidates, accept_candidates_fixed_p, without_replacement_rows
+from speclab.models.loading import tiny_random_model
+from speclab.decoding.sampling import SamplingConfig
+from speclab.stats.goodness_of_fit import chi_square
+from speclab.trees.tree import Tree, point_masses, walk_sample
+from speclab.trees.tree_drafters import DynamicTreeDrafter, StaticTreeDrafter
+from speclab.trees.tree_loop import tree_generate
+from speclab.trees.multi_candidate import accept_candidates, accept_candidates_fixed_p, without_replacement_rows
 from test_loop_sampling import PROMPT, SAMPLING, V, exact_pair_distribution
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

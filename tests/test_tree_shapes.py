@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from speclab.cache import forward_logits, new_cache
-from speclab.models import tiny_random_model
-from speclab.sampling import GREEDY, SamplingConfig
-from speclab.tree import Tree, additive_mask, attention_rows, check_tree_model, point_masses, walk_sample
-from speclab.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
-from speclab.tree_rules import accept_candidates
+from speclab.decoding.cache import forward_logits, new_cache
+from speclab.models.loading import tiny_random_model
+from speclab.decoding.sampling import GREEDY, SamplingConfig
+from speclab.trees.tree import Tree, additive_mask, attention_rows, check_tree_model, point_masses, walk_sample
+from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter
+from speclab.trees.multi_candidate import accept_candidates
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

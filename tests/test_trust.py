@@ -1,4 +1,4 @@
-"""Job-time trust checks (pipeline/trust.py): the pure checks at their limits, a speed job on a faked loaded and
+"""Job-time trust checks (pipeline/jobs/trust.py): the pure checks at their limits, a speed job on a faked loaded and
 drifting machine warned in the console, MLflow and Parquet, a clean job ok, the torch_threads tag, intervals
 that need runs, the headline metric names, run names, and the browser check's run selection."""
 from __future__ import annotations
@@ -15,15 +15,14 @@ import pytest
 import torch
 import yaml
 
-from pipeline import trust
-from pipeline.jobs import output_path
+from pipeline.jobs import trust
+from pipeline.jobs.identity import output_path
 from pipeline.run import run_parts
-from pipeline import engine_speclab
+from pipeline.engines import speclab_runner as engine_speclab
 from pipeline.stages import speed, timing
-from pipeline.mlflow_view import rounded
-from pipeline.stages.common import (
-    arm_run_name, grouped_metrics, run_name, shown_metrics, speedup_metrics, speedup_text,
-)
+from pipeline.tracking.mlflow_view import rounded
+from pipeline.jobs.run_names import arm_run_name, grouped_metrics, run_name, shown_metrics
+from pipeline.stages.shared import speedup_metrics, speedup_text
 from pipeline_helpers import make_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +90,7 @@ def test_load_sampler_tags_max_and_median(monkeypatch):
 # ---- the limits are config, at the analysis's values, and leave earlier jobs' hashes alone ---------------
 
 def test_drift_limit_agrees_with_the_analysis_and_is_hash_neutral(tmp_path):
-    from pipeline.config_schema import HASH_NEUTRAL
+    from pipeline.config.schema import HASH_NEUTRAL
 
     cfg = make_cfg(tmp_path, "stage=speed")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -210,7 +209,7 @@ def test_a_file_logged_later_keeps_its_verdict(tmp_path, monkeypatch, restore_th
     cfg = make_cfg(tmp_path, *small)
     run_parts(cfg)
     assert set(pd.read_parquet(output_path(cfg, "timing")).trust) == {"load"}
-    from pipeline.machine import cpu_model
+    from pipeline.tracking.machine import cpu_model
     from store.records import read_meta
 
     assert read_meta(output_path(cfg, "timing"))["machine"] == f"{cpu_model()}, {trust.usable_cores()} cores"
@@ -297,7 +296,7 @@ def test_run_names_put_what_varies_first_and_name_the_prompt_set(tmp_path):
 
 
 def test_run_names_say_the_prompt_set_chosen_and_what_a_sweep_varies(tmp_path, monkeypatch):
-    from pipeline import mlflow_view
+    from pipeline.tracking import mlflow_view
 
     class Hydra:  # HydraConfig.get() of a multirun's job: prompts=smoke chosen, seed swept
         runtime = SimpleNamespace(choices={"prompts": "smoke"})

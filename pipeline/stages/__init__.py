@@ -1,6 +1,7 @@
-"""One module per stage. Each exposes ``SCHEMA`` (its Parquet schema), ``run(ctx) -> StageOutput``,
-``summarize(rows, cfg) -> StageOutput`` (the headline numbers of a result, also used to log a run from
-its file) and ``describe(cfg) -> str`` (its run's name)."""
+"""One module per stage (timing, acceptance, speed, divergence, distribution, batch, plan). Each exposes ``SCHEMA``
+(its Parquet schema), ``run(ctx) -> StageOutput``, ``summarize(rows, cfg) -> StageOutput`` (the headline numbers of a
+result, also used to log a run from its file) and ``describe(cfg) -> str`` (its run's name). The top floor under the
+entry points (pipeline.run, recheck, workload): may import every floor of pipeline/ below it."""
 from __future__ import annotations
 
 import importlib

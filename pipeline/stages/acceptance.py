@@ -8,34 +8,36 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from pipeline.context import StageContext, job_k_max
-from pipeline.engine_checks import on_llama
+from pipeline.jobs.context import StageContext, job_k_max
+from pipeline.engines.option_checks import on_llama
 from pipeline.stages.plan_sample import grow_sample, grows
-from pipeline.trees import job_tree_drafter
-from speclab.tree_specs import is_tree, parse_tree
+from pipeline.engines.tree_drafter import job_tree_drafter
+from speclab.specs.tree_shapes import is_tree, parse_tree
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
-from pipeline.stages.common import IDENTITY_FIELDS, generator, identity, ks_label, run_name, sampling_config, stage_ks
-from speclab.acceptance import alpha_hat
-from speclab.arms import Arm
-from speclab.cost_model import expected_tokens_per_iteration
-from speclab.loop import speculative_generate
-from speclab.replay import Replay
-from speclab.replay_check import differences, loop_iterations
-from speclab.replay_reference import greedy_reference
-from speclab.tree_loop import tree_generate
+from pipeline.stages.shared import IDENTITY_FIELDS, identity
+from pipeline.jobs.context import generator, sampling_config, stage_ks
+from pipeline.jobs.run_names import ks_label, run_name
+from speclab.decoding.acceptance import alpha_hat
+from speclab.specs.arms import Arm
+from speclab.costs.cost_model import expected_tokens_per_iteration
+from speclab.decoding.loop import speculative_generate
+from speclab.drafting.replay import Replay
+from speclab.drafting.replay_check import differences, loop_iterations
+from speclab.drafting.replay_reference import greedy_reference
+from speclab.trees.tree_loop import tree_generate
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("drafter", "string"), ("k_policy", "string"),
     ("do_sample", "bool"), ("temperature", "float64"), ("top_k", "int32"), ("top_p", "float64"),
     ("iteration", "int32"), ("proposed", "int32"), ("accepted", "int32"), ("bonus", "bool"), ("new_tokens", "int32"),
-    # What a time model replays (speclab.time_model): the context of each iteration, the draft model's
+    # What a time model replays (speclab.costs.time_model): the context of each iteration, the draft model's
     # catch-up and calls, and the loop's own times (the run's prefill and wall time repeat on its rows).
     ("prompt_len", "int32"), ("length", "int32"), ("draft_fed", "int32"), ("draft_calls", "int32"),
     ("draft_s", "float64"), ("verify_s", "float64"), ("rollback_s", "float64"), ("total_s", "float64"),
     ("prefill_s", "float64"), ("wall_s", "float64"), ("with_prompt", "bool"),
     # stage.replay (greedy): rows replayed from one plain generation and one stepwise draft pass
-    # (speclab.replay; no times), and on the one configuration each prompt also runs for real, whether
+    # (speclab.drafting.replay; no times), and on the one configuration each prompt also runs for real, whether
     # the replay's iteration equals the loop's (1/0; NaN where not compared).
     ("replayed", "bool"), ("replay_agrees", "float64"),
     # A tree configuration (stage.trees, drafter tree:<spec>; k and proposed: its depth): the nodes its target

@@ -16,16 +16,15 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from pipeline.context import StageContext
+from pipeline.jobs.context import StageContext
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.stages.common import (
-    IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, generator, identity, memory_columns, rotated, run_name,
-    INTERVAL_NOTE, min_runs, sampling_config, speedup_metrics, speedup_text,
-)
-from speclab.arms import OWN, PLAIN, Arm, Job, expand_all
-from speclab.batch import BatchResult, batch_plain_generate, batch_speculative_generate
-from speclab.step_costs import pass_times
+from pipeline.stages.shared import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, rotated, INTERVAL_NOTE, min_runs, speedup_metrics, speedup_text
+from pipeline.jobs.context import generator, memory_columns, sampling_config
+from pipeline.jobs.run_names import run_name
+from speclab.specs.arms import OWN, PLAIN, Arm, Job, expand_all
+from speclab.decoding.batch import BatchResult, batch_plain_generate, batch_speculative_generate
+from speclab.measures.step_costs import pass_times
 
 log = logging.getLogger(__name__)
 SCHEMA = make_schema(IDENTITY_FIELDS + [

@@ -17,16 +17,18 @@ from omegaconf import DictConfig
 import torch
 from tqdm import tqdm
 
-from pipeline.context import StageContext
+from pipeline.jobs.context import StageContext
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name, sampling_config
-from pipeline.stages.options import unused_note
-from speclab.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution
-from speclab.contexts import Context, max_tv_contexts, prompt_context
-from speclab.peer import hf_generate
-from speclab.sampling import SamplingConfig
-from speclab.stats import chi_square_power, chi_square_top
+from pipeline.stages.shared import IDENTITY_FIELDS, identity
+from pipeline.jobs.run_names import run_name
+from pipeline.jobs.context import sampling_config
+from pipeline.config.stage_options import unused_note
+from speclab.decoding.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution
+from speclab.measures.contexts import Context, max_tv_contexts, prompt_context
+from speclab.measures.peer import hf_generate
+from speclab.decoding.sampling import SamplingConfig
+from speclab.stats.goodness_of_fit import chi_square_power, chi_square_top
 
 WRONG_RULES = ("resample_target", "keep_draft")
 HF_RULE = "transformers_assisted"

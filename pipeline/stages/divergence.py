@@ -8,17 +8,19 @@ from omegaconf import DictConfig
 import torch
 from tqdm import tqdm
 
-from pipeline.context import StageContext
-from pipeline.engine_checks import on_llama
+from pipeline.jobs.context import StageContext
+from pipeline.engines.option_checks import on_llama
 from store.records import make_schema
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, identity, ks_label, run_name, stage_ks
-from pipeline.stages.options import unused_note
-from speclab.divergence import classify, first_difference, recompute_logits
-from speclab.arms import PLAIN
-from speclab.engines import llama_arms
-from speclab.engines.llama_cpp import EngineRun, sampling_payload
-from speclab.loop import plain_greedy, speculative_generate
+from pipeline.stages.shared import IDENTITY_FIELDS, identity
+from pipeline.jobs.run_names import ks_label, run_name
+from pipeline.jobs.context import stage_ks
+from pipeline.config.stage_options import unused_note
+from speclab.measures.divergence import classify, first_difference, recompute_logits
+from speclab.specs.arms import PLAIN
+from speclab.engines.llama_cpp import arms as llama_arms
+from speclab.engines.llama_cpp.engine import EngineRun, sampling_payload
+from speclab.decoding.loop import plain_greedy, speculative_generate
 
 WAYS = ("single_step", "verify_pass", "full_prefill")
 TOP_N = 2  # llama.cpp's probabilities asked at each new token: the top two, whose gap tells a near-tie

@@ -9,14 +9,15 @@ from __future__ import annotations
 import pandas as pd
 from omegaconf import DictConfig
 
-from pipeline.context import StageContext
+from pipeline.jobs.context import StageContext
 from store.records import make_schema
-from speclab.engines.llama_arms import pasted_flags
-from speclab.arms import Arm
-from speclab.planning import recommend
-from speclab.stats import prediction_size_needed
+from speclab.engines.llama_cpp.arms import pasted_flags
+from speclab.specs.arms import Arm
+from speclab.costs.planning import recommend
+from speclab.stats.intervals import prediction_size_needed
 from pipeline.stages import ArmResult, StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, identity, run_name
+from pipeline.stages.shared import IDENTITY_FIELDS, identity
+from pipeline.jobs.run_names import run_name
 from pipeline.stages.plan_sample import engine_name, kinds_settled, predictions, stop_reason, this_job
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
@@ -27,7 +28,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("unseen_lo", "float64"), ("unseen_hi", "float64"), ("unseen_coverage", "float64"),
     ("cv_gain", "float64"), ("cv_error", "float64"),
     # Why the kind's sample is its size (pipeline/stages/plan_sample.py), and the recommendation's lower bound over
-    # the runner-up (a ratio at the level; speclab.planning.settled).
+    # the runner-up (a ratio at the level; speclab.costs.planning.settled).
     ("sample_stop", "string"), ("runner_up_margin", "float64"),
 ])
 NEEDS = ("timing", "acceptance")

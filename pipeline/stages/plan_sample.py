@@ -1,7 +1,7 @@
 """The plan's predictions, and the sample of prompts they need: a plan job's acceptance part adds prompts of a kind
 (the next ones of the kind in the file, after the sample prompts.per_kind chose) until the kind's recommendation is
 told apart from its runner-up, or within ``stage.sample_precision`` of it, at the plan's level
-(``speclab.planning.settled``), or a budget is spent (``stage.sample_max_prompts`` a kind,
+(``speclab.costs.planning.settled``), or a budget is spent (``stage.sample_max_prompts`` a kind,
 ``stage.sample_budget_minutes`` for the job). Only the cheap part grows: the greedy reference and the replays of each
 added prompt; the timing part ran once, before. The plan stage says per kind why its sample stopped (``stop_reason``).
 """
@@ -14,10 +14,10 @@ from collections.abc import Callable
 import pandas as pd
 from omegaconf import DictConfig
 
-from pipeline.jobs import output_path
-from pipeline.prompts import Prompt, load_prompts
-from speclab.engine_plan import engine_costs, fit_overheads, predict_requests
-from speclab.planning import CONFIG_KEYS, Settled, calibrate, predict_runs, recommend, settled
+from pipeline.jobs.identity import output_path
+from pipeline.prompts.sets import Prompt, load_prompts
+from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests
+from speclab.costs.planning import CONFIG_KEYS, Settled, calibrate, predict_runs, recommend, settled
 
 log = logging.getLogger("speclab")
 
@@ -47,7 +47,7 @@ def grows(cfg: DictConfig) -> bool:
 
 
 def kinds_settled(pred: pd.DataFrame, rec: pd.DataFrame, precision: float, level: float) -> dict[str, Settled]:
-    """Per kind: whether its sample tells its recommendation apart from the runner-up (``speclab.planning.settled``)."""
+    """Per kind: whether its sample tells its recommendation apart from the runner-up (``speclab.costs.planning.settled``)."""
     out = {}
     for kind, g in rec[rec.recommended & (rec.kind != "all")].groupby("kind"):
         chosen = tuple(g.iloc[0][c] for c in CONFIG_KEYS)

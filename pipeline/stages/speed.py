@@ -12,18 +12,17 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from pipeline.context import StageContext
-from pipeline.engine_speclab import BLOCK_STEP_FIELDS, SpeclabRunner
-from pipeline.job_arms import engine_name, stage_entries
-from pipeline.job_inputs import latest_plan_file
+from pipeline.jobs.context import StageContext
+from pipeline.engines.speclab_runner import BLOCK_STEP_FIELDS, SpeclabRunner
+from pipeline.jobs.arms import engine_name, stage_entries
+from pipeline.jobs.inputs import latest_plan_file
 from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.speed_race import FIXED, Race
-from pipeline.stages.common import (
-    IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, generator, identity, ks_label, rotated, run_name,
-    DEFAULT_LEVEL, min_runs, sampling_config, speedup_metrics, speedup_text, stage_ks,
-)
-from speclab.arms import PLAIN, RECOMMENDED, Arm, needs
-from speclab.tree_specs import is_tree
+from pipeline.stages.shared import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, rotated, DEFAULT_LEVEL, min_runs, speedup_metrics, speedup_text
+from pipeline.jobs.context import generator, sampling_config, stage_ks
+from pipeline.jobs.run_names import ks_label, run_name
+from speclab.specs.arms import PLAIN, RECOMMENDED, Arm, needs
+from speclab.specs.tree_shapes import is_tree
 from store.plan_check import kind_checks, track_record
 from store.records import make_schema
 

@@ -2,7 +2,7 @@
 
 With neither ``stage.race`` nor ``stage.precision`` every kind runs ``stage.rounds`` rounds (``FIXED``). With either,
 ``stage.rounds`` (and ``stage.budget_minutes``) is the budget: after each block of a kind the race
-(``speclab.racing.look``) may drop arms clearly slower than the leader and may stop the kind, decided or precise
+(``speclab.stats.racing.look``) may drop arms clearly slower than the leader and may stop the kind, decided or precise
 enough. Every arm keeps the rows of the blocks it ran; its ``stopped_by`` says why it has no more.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speclab.racing import DECIDED, PRECISION, RaceRule, look
+from speclab.stats.racing import DECIDED, PRECISION, RaceRule, look
 
 FIXED = "rounds"  # every block of stage.rounds ran: the fixed design (and every result stored before racing)
 BUDGET_ROUNDS, BUDGET_MINUTES = "budget: rounds", "budget: minutes"

@@ -9,14 +9,16 @@ import statistics
 import pandas as pd
 from omegaconf import DictConfig
 
-from pipeline.context import StageContext
-from pipeline.engine_checks import on_llama
+from pipeline.jobs.context import StageContext
+from pipeline.engines.option_checks import on_llama
 from store.records import make_schema
 from pipeline.stages import StageOutput
-from pipeline.stages.common import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, memory_columns, run_name
-from pipeline.stages.options import unused_note
-from speclab.model_size import model_size
-from speclab.step_costs import PassTiming, pass_times, prefill_times, tree_pass_times
+from pipeline.stages.shared import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity
+from pipeline.jobs.context import memory_columns
+from pipeline.jobs.run_names import run_name
+from pipeline.config.stage_options import unused_note
+from speclab.models.size import model_size
+from speclab.measures.step_costs import PassTiming, pass_times, prefill_times, tree_pass_times
 
 # Added after results were stored: older files read them as not measured (store.compat.LATER_COLUMNS).
 SIZE_FIELDS = [(f"{role}_{what}", kind) for role in ("target", "draft")

@@ -1,0 +1,246 @@
+"""llama.cpp as the engine of a job: its servers started on the pair's GGUF files, the speed stage's arms run as
+requests, its costs timed as its own passes (speclab/engines/llama_cpp/engine.py).
+
+The pair's target must be a GGUF model (a packaged model name or a ``.gguf`` path): llama.cpp runs the file as
+shipped (SmolLM2 Q4_1, the Qwen pair Q4_K_M). Its draft is ``engine.draft_model`` when set, else the pair's
+draft when that names a GGUF model, else the target's own file (a copy: a torch variant such as ``int8`` has no
+llama.cpp form). Prompts become token ids with the target's own tokenizer, so both engines answer the same ids.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm
+from speclab.engines.llama_cpp import arms as llama_arms
+from speclab.engines.llama_cpp.engine import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
+                                       sampling_payload, top_probs as position_probs)
+from speclab.models.gguf_header import read_metadata
+
+log = logging.getLogger("speclab")
+EXTENSION_TOKENS = 16  # the tokens a timed pass may add after the prompt (k + 1 <= 16)
+
+
+def find_binary(binary: str) -> str:
+    """The llama-server to run: ``engine.binary``, else the cached build of ``make llama-cpp``."""
+    if binary:
+        return binary
+    from speclab.engines.llama_cpp.build import installed
+    found = installed()
+    if found is None:
+        raise ValueError("engine=llama_cpp needs a llama-server build: run `make llama-cpp` (builds it into the speclab "
+                         "cache) or give your own with engine.binary=PATH")
+    return str(found / "llama-server")
+
+
+def gguf_of(name: str, what: str) -> Path:
+    """The GGUF file of a packaged model name or a ``.gguf`` path (one-line ValueError otherwise)."""
+    from speclab.models.loading import PACKAGED_GGUF, PARTED_GGUF, packaged_gguf_path
+    if name in PACKAGED_GGUF or name in PARTED_GGUF:
+        return packaged_gguf_path(name)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"{what}={name!r}: no such GGUF file")
+        try:  # its header read here, so a file that is not GGUF fails before any server starts
+            read_metadata(path)
+        except (ValueError, OSError, OverflowError, MemoryError) as err:
+            raise ValueError(f"{what}={name!r} is not a GGUF file llama.cpp can load: {err}") from None
+        return path
+    raise ValueError(f"{what}={name!r} is not a GGUF model llama.cpp can run: use one of "
+                     f"{sorted([*PACKAGED_GGUF, *PARTED_GGUF])} or a path ending in .gguf")
+
+
+def draft_source(cfg: DictConfig) -> tuple[Path, str]:
+    """The draft GGUF and how the rows name it."""
+    from speclab.models.loading import PACKAGED_GGUF, PARTED_GGUF
+    chosen = str(OmegaConf.select(cfg, "engine.draft_model", default="") or "")
+    if chosen:
+        return gguf_of(chosen, "engine.draft_model"), Path(chosen).stem if chosen.endswith(".gguf") else chosen
+    draft = str(cfg.pair.draft)
+    if draft in PACKAGED_GGUF or draft in PARTED_GGUF or draft.endswith(".gguf"):
+        return gguf_of(draft, "pair.draft"), draft
+    return gguf_of(str(cfg.pair.target), "pair.target"), f"{cfg.pair.target} (copy)"
+
+
+def expand_arms(entries: list[Any], ks: list[int]) -> list[Arm]:
+    """Plain, then each ``engine.arms`` entry's arms (one per k; ``default``: llama.cpp's own settings; ``plan``:
+    the campaign's llama.cpp plan's choice for the prompt's kind)."""
+    out = [PLAIN]
+    for e in entries:
+        e = OmegaConf.to_container(e) if isinstance(e, DictConfig) else dict(e)
+        if e.get("plan"):
+            out.append(RECOMMENDED)
+            continue
+        drafter = str(e.get("drafter") or "model")
+        if e.get("default") or llama_arms.SPEC_TYPES[drafter].k_flag is None:
+            out.append(llama_arms.arm(drafter, None, e.get("settings"), default=True))
+            continue
+        out += [llama_arms.arm(drafter, int(k), e.get("settings")) for k in (e.get("ks") or ks)]
+    return list(dict.fromkeys(out))
+
+
+def breakdown(run: EngineRun, spec: bool) -> dict[str, Any]:
+    """The speed row's loop columns from what the server counts: acceptance = accepted / drafted; iterations =
+    target passes after the prompt (each yields one token besides the accepted ones). llama.cpp does not time its
+    iterations' parts, so their per-iteration times are left empty (NaN)."""
+    n = len(run.tokens)
+    iters = run.iterations if spec else n
+    nan = float("nan")
+    return {"acceptance_rate": run.accepted / run.drafted if spec and run.drafted else nan,
+            "tokens_per_pass": n / iters if iters else nan, "iterations": iters,
+            "mean_k": run.drafted / iters if spec and iters else nan, "merged_prefill": False, "tree_nodes": 0.0,
+            "checked_by_depth": "", "accepted_by_depth": "", "draft_calls_by_width": "", "passes_by_width": "",
+            "loop_new_tokens": n, **{f"{p}_s_per_iter": nan for p in ("draft", "verify", "rollback", "bookkeeping")}}
+
+
+class LlamaRunner:
+    name = "llama_cpp"
+
+    def __init__(self, name: str = "llama_cpp", binary: str = "", threads: int = 2, ctx_size: int = 2048,
+                 cache_prompt: bool = False, port: int = 0, startup_timeout_s: float = 180.0, draft_model: str = "",
+                 extra_args: list[str] | None = None, arms: list[Any] | None = None) -> None:
+        self.name, self.entries = name, list(arms if arms is not None else [{}])
+        self.settings = dict(binary=binary, threads=int(threads), ctx_size=int(ctx_size), cache_prompt=bool(cache_prompt),
+                             port=int(port), startup_timeout_s=float(startup_timeout_s),
+                             extra_args=tuple(str(a) for a in (extra_args or ())))
+        self.engine: LlamaCppEngine | None = None
+        self.draft_label = ""
+        self._weights = ""
+        self._extension: dict[str, list[int]] = {}
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def context(self, cfg: DictConfig, prompts):
+        from pipeline.jobs.context import StageContext
+        from pipeline.jobs.identity import config_hash
+        from pipeline.prompts.turns import PromptModels, prompt_inputs
+        from speclab.engines.llama_cpp.engine import gguf_vocab
+        from speclab.models.gguf_header import config_from_gguf
+        from speclab.models.loading import ModelPair, load_tokenizer
+
+        target = gguf_of(str(cfg.pair.target), "pair.target")
+        draft, self.draft_label = draft_source(cfg)
+        settings = LlamaSettings(**{**self.settings, "binary": find_binary(self.settings["binary"])})
+        self._weights = f"gguf:{gguf_type(target)}"
+        log_dir = Path(str(cfg.outputs_dir)) / ".llama-server"
+        self.engine = LlamaCppEngine(settings, target, draft, log_dir)
+        log.info(f"llama.cpp: {settings.binary}; target {target.name} ({gguf_type(target)}), draft {draft.name} "
+                 f"({self.draft_label}); {settings.threads} threads, context {settings.ctx_size}")
+        tok = load_tokenizer(str(cfg.pair.target))
+        eos = tok.eos_token_id if tok is not None else None
+        pair = ModelPair(None, None, tok, str(cfg.pair.target), self.draft_label, torch.device("cpu"), eos)
+        limit = min(settings.ctx_size, int(config_from_gguf(target).get("max_position_embeddings") or settings.ctx_size))
+        n_new = int(cfg.max_new_tokens)
+        models = PromptModels(tok, torch.device("cpu"), gguf_vocab(target), {"target": limit, "draft": limit}, {},
+                              lambda c: self.engine.generate(PLAIN, c[0].tolist(), n_new).tokens, self._weights)
+        made = prompt_inputs(cfg, None, prompts, self.k_max(cfg), models)
+        ctx = StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record, runner=self,
+                           make_inputs=lambda more: prompt_inputs(cfg, None, more, self.k_max(cfg), models))
+        ctx.prompt_record["engine"] = {"binary": settings.binary, "target_gguf": str(target), "draft_gguf": str(draft),
+                                       "threads": settings.threads, "ctx_size": settings.ctx_size,
+                                       "cache_prompt": settings.cache_prompt, "extra_args": list(settings.extra_args)}
+        return ctx
+
+    def k_max(self, cfg: DictConfig) -> int:
+        from pipeline.jobs.context import stage_ks
+        ks = stage_ks(cfg)
+        return max([int(cfg.k), *ks, *(a.k or 0 for a in expand_arms(self.entries, ks))])
+
+    def weights(self, cfg: DictConfig) -> str:
+        return self._weights
+
+    # -- the speed stage's questions ------------------------------------------------------------------------------
+    def arms(self, ctx, ks: list[int]) -> list[Arm]:
+        """``engine.arms``, then the plan's choice where ``stage.arms`` asks for it ({method: recommended})."""
+        from pipeline.jobs.arms import stage_entries
+        from speclab.specs.arms import needs
+        plan = [RECOMMENDED] if needs(stage_entries(ctx.cfg), "recommended") else []
+        return list(dict.fromkeys([*expand_arms(self.entries, ks), *plan]))
+
+    def warm_arms(self, arms: list[Arm]) -> list[Arm]:
+        return list(arms)  # each configuration is a server of its own: every one starts and answers once
+
+    def sampling(self, cfg: DictConfig, gen: torch.Generator | None) -> dict[str, Any]:
+        s = cfg.sampling
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen)) if gen is not None and s.do_sample else 0
+        return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p), seed)
+
+    def request(self, ctx, arm: Arm, ids: torch.Tensor, gen=None, n_probs: int = 0) -> EngineRun:
+        return self.engine.generate(arm, ids[0].tolist(), int(ctx.cfg.max_new_tokens), self.sampling(ctx.cfg, gen),
+                                    n_probs)
+
+    def run(self, ctx, arm: Arm, ids: torch.Tensor, gen):
+        if arm.drafter == NONE and arm.method != "plain":
+            arm = PLAIN  # a plan that recommends not speculating: the plain server answers
+        r = self.request(ctx, arm, ids, gen)
+        return r.tokens, r.wall_s, r.prompt_s, breakdown(r, arm.method != "plain")
+
+    def extension(self, ctx, ids: torch.Tensor, key: str, n: int = EXTENSION_TOKENS) -> list[int]:
+        """``n`` tokens that follow the prompt (the plain greedy answer, padded with the prompt's own tokens)."""
+        if key not in self._extension or len(self._extension[key]) < n:
+            toks = self.engine.generate(PLAIN, ids[0].tolist(), n).tokens
+            pad = ids[0].tolist()
+            self._extension[key] = (toks + pad * (n // max(len(pad), 1) + 1))[:n]
+        return self._extension[key][:n]
+
+    def top_probs(self, ids: list[int], n_probs: int, batch: int = 0) -> list[tuple[int, float]]:
+        """The target's own top-``n_probs`` probabilities (full softmax, best first) of the token after ``ids``,
+        its logits from one pass over the last ``batch`` tokens after the rest cached (0: one pass over all of
+        ``ids``): the same next token computed in another batch shape than plain decoding's one-token steps."""
+        server = self.engine.server(PLAIN)
+        base = [int(t) for t in ids]
+        cached = len(base) - batch if 0 < batch < len(base) else 0
+        if cached:
+            server.post("/completion", {"prompt": base[:cached], "n_predict": 1, "cache_prompt": True,
+                                        "temperature": 0.0})
+        answer = server.post("/completion", {"prompt": base, "n_predict": 1, "cache_prompt": bool(cached),
+                                             "temperature": 0.0, "n_probs": int(n_probs),
+                                             "post_sampling_probs": False})
+        if cached:
+            check_cached(answer, len(base) - cached)
+        return position_probs((answer.get("completion_probabilities") or [{}])[0])
+
+    def model_sizes(self) -> dict[str, Any]:
+        """The timing stage's size columns from the GGUF files: bytes on disk as llama.cpp maps them, decoder
+        layers from the header (parameters are not in a GGUF header: left empty)."""
+        from speclab.models.gguf_header import config_from_gguf
+        out: dict[str, Any] = {}
+        for role, path in (("target", self.engine.target), ("draft", self.engine.draft or self.engine.target)):
+            layers = config_from_gguf(path).get("num_hidden_layers")
+            out.update({f"{role}_params": None, f"{role}_bytes": Path(path).stat().st_size,
+                        f"{role}_layers": int(layers) if layers is not None else None})
+        return out
+
+    def step_times(self, ctx, ks: list[int], progress: str | None = None):
+        st = ctx.cfg.stage
+        p = ctx.prompts[0].id
+        ids = ctx.inputs[p]
+        return self.engine.step_costs(ids[0].tolist(), self.extension(ctx, ids, p), [k for k in ks if k < EXTENSION_TOKENS],
+                                      int(st.timing_repeats), int(st.timing_warmup))
+
+    def block_step_times(self, ctx, ids: torch.Tensor) -> dict[str, float]:
+        repeats = int(ctx.cfg.stage.block_timing_repeats)
+        if not repeats:
+            return {"block_target_step_s": math.nan, "block_draft_step_s": math.nan}
+        t, d, _ = self.engine.step_costs(ids[0].tolist(), self.extension(ctx, ids, str(ids.shape[1])), [], repeats, 1)
+        return {"block_target_step_s": t, "block_draft_step_s": d}
+
+    def memory(self, ctx) -> dict:
+        import psutil
+        rss = 0
+        for pid in self.engine.server_pids() if self.engine else []:
+            try:
+                rss += psutil.Process(pid).memory_info().rss
+            except psutil.Error:
+                pass
+        return {"param_devices": "cpu", "rss_bytes": rss, "device_free_bytes": -1, "memory_trusted": True,
+                "memory_reason": ""}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()

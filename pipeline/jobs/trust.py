@@ -1,0 +1,151 @@
+"""Whether a speed, batch or timing job's own conditions let its numbers be trusted, checked as it runs.
+
+Four checks, each a pure function that returns None (passed) or a ``Failed`` with a one-line reason:
+drift (step times before/after the runs differ by more than the analysis's limit), load (the load
+average sampled during the job rose above the usable cores), runs (an arm has fewer runs than an
+interval needs) and placement (parameters off the configured device, or the device out of memory:
+``speclab.decoding.timing.memory_placement``, recorded in every row's ``memory_trusted``). A value exactly at
+its limit passes. The job's verdict is the tag and Parquet column ``trust``: ``ok`` or the failed
+checks' names joined by ``,``; ``trust_detail`` joins their reasons with ``; ``. Files written before
+these checks read ``unchecked`` (store.compat.LATER_COLUMNS).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from dataclasses import dataclass, field
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from pipeline.tracking.machine import usable_cores
+
+OK, UNCHECKED = "ok", "unchecked"
+CHECKED_STAGES = ("speed", "batch", "timing")
+log = logging.getLogger("speclab")
+
+
+@dataclass(frozen=True)
+class Failed:
+    name: str  # drift, load, runs or placement
+    reason: str  # one line: the value and the limit
+
+
+def check_drift(ratio: float, max_ratio: float) -> Failed | None:
+    """``ratio``: the larger of after/before and before/after step time (speed stage's ``drift_ratio``)."""
+    if ratio == ratio and ratio > max_ratio:
+        return Failed("drift", f"drift: step times before/after the runs differ by x{ratio:.2f}, "
+                               f"above the limit x{max_ratio:g}")
+    return None
+
+
+# Load the machine absorbs beyond the job's own threads before its timings count as disturbed: half a busy thread
+# (a monitor, a shell); a second busy process (a whole thread or more) is what slows a timed run.
+LOAD_TOLERANCE = 0.5
+
+
+def check_load(loads: list[float], cores: int, own_threads: int = 0) -> Failed | None:
+    """``loads``: 1-minute load averages sampled during the job, which count the job's own ``own_threads``
+    compute threads. Fails when the rest, the other work, exceeds the cores the job leaves free plus
+    ``LOAD_TOLERANCE``: a job of two threads on two cores reads about 2.0 on an idle machine and passes."""
+    seen = [x for x in loads if x == x]
+    if not seen:
+        return None
+    own = max(int(own_threads), 0)
+    other, room = max(seen) - own, max(cores - own, 0) + LOAD_TOLERANCE
+    if other > room:
+        return Failed("load", f"load: load average reached {max(seen):.2f} during the job: {other:.2f} beyond its own "
+                              f"{own} threads, above the {room:g} that {cores} usable cores leave for other work")
+    return None
+
+
+def check_runs(runs: int, min_runs: int, what: str = "runs per arm") -> Failed | None:
+    if runs < min_runs:
+        return Failed("runs", f"runs: {runs} {what}, fewer than trust.min_runs = {min_runs}")
+    return None
+
+
+def check_placement(trusted: list[bool], reasons: list[str]) -> Failed | None:
+    """``trusted``/``reasons``: the rows' ``memory_trusted`` and ``memory_reason``."""
+    bad = [r for t, r in zip(trusted, reasons) if not t]
+    if bad:
+        return Failed("placement", f"placement: {bad[0]} ({len(bad)} of {len(trusted)} rows)")
+    return None
+
+
+def verdict(failed: list[Failed]) -> tuple[str, str]:
+    """The ``trust`` and ``trust_detail`` values of a job with these failed checks."""
+    return (",".join(f.name for f in failed) or OK), "; ".join(f.reason for f in failed)
+
+
+@dataclass
+class LoadSampler:
+    """1-minute load averages taken at the job's start, between its blocks or rounds, and at its end."""
+
+    samples: list[float] = field(default_factory=list)
+
+    def sample(self) -> None:
+        if hasattr(os, "getloadavg"):
+            self.samples.append(float(os.getloadavg()[0]))
+
+    def tags(self) -> dict[str, str]:
+        """``load_max`` and ``load_median`` over the samples, and how many there were."""
+        if not self.samples:
+            return {}
+        return {"load_max": f"{max(self.samples):.2f}", "load_median": f"{statistics.median(self.samples):.2f}",
+                "load_samples": str(len(self.samples))}
+
+
+def job_checks(part: str, rows: pd.DataFrame, metrics: dict[str, float], arm_runs: list[int], cfg: DictConfig,
+               loads: list[float], cores: int, own_threads: int = 0) -> list[Failed]:
+    """The failed checks of a finished ``part`` job (speed, batch or timing): ``arm_runs`` the runs of each
+    compared arm (speed, batch), ``loads`` the load averages sampled while it ran and ``own_threads`` its compute
+    threads."""
+    t = cfg.trust
+    failed = []
+    if part == "speed":  # batch and timing take no step times before and after their runs
+        failed.append(check_drift(float(metrics.get("drift_ratio", float("nan"))), float(t.max_drift)))
+    failed.append(check_load(loads, cores, own_threads))
+    if part == "timing":  # each time is the median of its repeats
+        failed.append(check_runs(int(rows.samples.min()), int(t.min_runs), "repeats per timing"))
+    elif arm_runs:
+        failed.append(check_runs(min(arm_runs), int(t.min_runs)))
+    failed.append(check_placement(rows.memory_trusted.astype(bool).tolist(), rows.memory_reason.astype(str).tolist()))
+    return [f for f in failed if f is not None]
+
+
+def warn(part: str, failed: list[Failed]) -> None:
+    """One console WARNING per failed check."""
+    for f in failed:
+        log.warning(f"[{part}] WARNING: untrusted measurement: {f.reason}")
+
+
+def description_line(trust: str, detail: str) -> str:
+    """The run description's line about the job's checks."""
+    if trust == OK:
+        return "trust: ok (drift, load, runs and placement checks passed)"
+    if trust == UNCHECKED:
+        return "trust: unchecked (written before the job-time checks)"
+    return f"WARNING trust={trust}: {detail}"
+
+
+def check_job(part: str, out, cfg: DictConfig, load: LoadSampler, own_threads: int = 0) -> dict[str, str]:
+    """The checks of a finished ``part`` job (``out``: its StageOutput): each failed one a console WARNING, the
+    verdict written on every row (``trust``, ``trust_detail``: JobRuns.finish tags and describes the run from
+    them, also for a file logged later); returns the run's late tags (the load over the job)."""
+    if part not in CHECKED_STAGES:
+        return load.tags()
+    arm_runs = [int(a.metrics["runs"]) for a in out.arms if "runs" in a.metrics]
+    failed = job_checks(part, out.rows, out.metrics, arm_runs, cfg, load.samples, usable_cores(), own_threads)
+    warn(part, failed)
+    trust, detail = verdict(failed)
+    out.rows["trust"], out.rows["trust_detail"] = trust, detail  # the run's tag and description read them here
+    return load.tags()
+
+
+def run_trust(rows: pd.DataFrame) -> tuple[str, str] | None:
+    """A result's verdict as its rows carry it (None for stages without checks)."""
+    if "trust" not in rows or not len(rows):
+        return None
+    return str(rows.trust.iloc[0]), str(rows.trust_detail.iloc[0])

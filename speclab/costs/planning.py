@@ -1,0 +1,277 @@
+"""From timing and acceptance rows to a time model, per-run predictions and a recommendation per kind.
+
+The glue between the stages' tables and ``speclab.costs.time_model`` (pure numpy), shared by the plan
+stage (which recommends) and the analysis (which validates the predictions against the speed stage).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from speclab.specs.arms import drafter_looks_up, drafter_runs_model
+from speclab.stats.estimators import alpha_hat
+from speclab.stats.intervals import median_ci, prediction_interval
+from speclab.costs.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop
+from speclab.specs.tree_shapes import is_tree
+
+RUN_KEYS = ["prompt_id", "kind", "drafter", "k_policy", "k"]
+CONFIG_KEYS = ["drafter", "k_policy", "k"]
+TRACE_COLUMNS = ["prompt_len", "length", "draft_fed", "draft_calls"]
+LOOP_TIMES = ["draft_s", "verify_s", "rollback_s", "total_s"]  # absent on replayed runs (stage.replay)
+
+
+def pass_models(timing: pd.DataFrame) -> tuple[PassModel, PassModel]:
+    """Target and draft pass models from timing rows (every prompt and context timed)."""
+    out = []
+    for role in ("target", "draft"):
+        sub = timing[timing.model == role]
+        if sub.empty:
+            raise ValueError(f"the timing rows hold no {role!r} model: the time model needs both")
+        out.append(PassModel.fit(sub.pass_len.to_numpy(), sub.context_len.to_numpy(), sub.median_s.to_numpy()))
+    return out[0], out[1]
+
+
+def tree_pass_model(timing: pd.DataFrame) -> PassModel | None:
+    """The target's pass over a tree (timing rows ``target_tree``, stage.tree_nodes), or None when not timed."""
+    sub = timing[timing.model == "target_tree"]
+    if sub.empty:
+        return None
+    return PassModel.fit(sub.pass_len.to_numpy(), sub.context_len.to_numpy(), sub.median_s.to_numpy())
+
+
+def drafter_parts(drafter: str) -> tuple[bool, bool]:
+    """Whether a drafter runs a draft model and whether it looks up n-grams every iteration."""
+    return drafter_runs_model(drafter), drafter_looks_up(drafter)
+
+
+def measured(acc: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs the loop ran for real (a replayed run has counts, not times)."""
+    return acc[~acc.replayed.fillna(False).astype(bool)] if "replayed" in acc else acc
+
+
+def check_traceable(acc: pd.DataFrame) -> None:
+    missing = [c for c in TRACE_COLUMNS if c not in acc or acc[c].isna().any()]
+    missing += [c for c in LOOP_TIMES if c not in acc or measured(acc)[c].isna().any()]
+    if missing:
+        raise ValueError(f"acceptance rows lack {missing}: they were written before the time model; "
+                         "rerun the acceptance stage (force=true) to record them")
+
+
+def traces(acc: pd.DataFrame) -> list[tuple[tuple, Trace, pd.DataFrame]]:
+    """One Trace per run (prompt, drafter, policy, k), in iteration order, with its rows."""
+    check_traceable(acc)
+    if "config_hash" in acc:
+        jobs = acc.groupby(RUN_KEYS).config_hash.nunique()
+        if (jobs > 1).any():  # their iterations would interleave into one impossible run
+            key = jobs[jobs > 1].index[0]
+            raise ValueError(f"acceptance rows of {int(jobs.max())} jobs describe one run {dict(zip(RUN_KEYS, key))}: "
+                             "pass the rows of one job per run")
+    out = []
+    for key, g in acc.sort_values("iteration").groupby(RUN_KEYS, sort=True):
+        drafter = key[2]
+        uses_model, uses_lookup = drafter_parts(drafter)
+        tree = is_tree(drafter)
+        out.append((key, Trace(
+            prompt_len=int(g.prompt_len.iloc[0]), proposed=g.proposed.to_numpy(), new_tokens=g.new_tokens.to_numpy(),
+            length=g.length.to_numpy(), draft_fed=g.draft_fed.to_numpy(), draft_calls=g.draft_calls.to_numpy(),
+            uses_model=uses_model, uses_lookup=uses_lookup,
+            merged="with_prompt" in g and bool(g.with_prompt.fillna(False).any()),
+            call_width=g.draft_call_width.to_numpy(float) if tree else None,
+            nodes=g.tree_nodes.to_numpy(int) if tree else None, tree=tree), g))
+    return out
+
+
+def calibrate(timing: pd.DataFrame, acc: pd.DataFrame) -> TimeModel:
+    """Pass models from the timing rows, the loop's costs from the acceptance rows' own times."""
+    target, draft = pass_models(timing)
+    bare = TimeModel(target, draft)
+    runs = traces(measured(acc))
+    loop = calibrate_loop(bare, [tr for _, tr, _ in runs],
+                          *([g[c].to_numpy() for _, _, g in runs] for c in LOOP_TIMES))
+    return TimeModel(target, draft, loop, tree_pass_model(timing))
+
+
+def predict_runs(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
+    """Per acceptance run: the predicted speed-up, its parts (seconds), and the i.i.d. formula's number."""
+    rows = []
+    for key, tr, g in traces(acc):
+        spec, plain = model.speculative(tr), model.plain(tr.prompt_len, tr.tokens)
+        k = int(key[4])
+        a = alpha_hat(g.accepted, g.proposed)
+        rows.append({**dict(zip(RUN_KEYS, key)), "tokens": tr.tokens, "iterations": len(tr.proposed),
+                     "alpha": a, "predicted": plain.total / spec.total,
+                     "predicted_iid": model.iid(a, k, tr.uses_model) if key[3] == "fixed" and a == a else np.nan,
+                     "plain_s": plain.total, "spec_s": spec.total, **{f"{p}_s": spec.parts[p] for p in PARTS}})
+    return pd.DataFrame(rows)
+
+
+def predict_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
+    """Per speed row: the predicted speed-up of its configuration on its prompt (the acceptance run's
+    trace) and the i.i.d. formula's (that run's alpha-hat; fixed k only), with the time model re-priced
+    at the step times taken just before that row's block (``block_target_step_s`` /
+    ``block_draft_step_s``). NaN where the block was not timed or no acceptance run matches. The speed
+    rows' own times and ratios are not used."""
+    runs = {key: (tr, g) for key, tr, g in traces(acc)}
+    out = []
+    for r in speed.itertuples():
+        key = (r.prompt_id, r.kind, r.drafter, r.k_policy, r.k)
+        t_step, d_step = getattr(r, "block_target_step_s", np.nan), getattr(r, "block_draft_step_s", np.nan)
+        if key not in runs or not (t_step > 0) or not (d_step > 0):
+            out.append((np.nan, np.nan))
+            continue
+        (tr, g), at = runs[key], model.at_steps(t_step, d_step, runs[key][0].prompt_len)
+        iid = at.iid(alpha_hat(g.accepted, g.proposed), int(r.k), tr.uses_model) if r.k_policy == "fixed" else np.nan
+        out.append((at.speedup(tr), iid))
+    return pd.DataFrame(out, index=speed.index, columns=["predicted", "predicted_iid"], dtype=float)
+
+
+def median_and_interval(values: np.ndarray, level: float) -> tuple[float, float, float]:
+    """Median of the given values (one per prompt) and its distribution-free interval at ``level``
+    (``speclab.stats.intervals.median_ci``: NaN, no interval, from fewer prompts than it needs: 5 at 90%)."""
+    values = np.asarray(values, float)
+    lo, hi = median_ci(values, level)
+    return float(np.median(values)), lo, hi
+
+
+PLAIN = {"drafter": "none", "k_policy": "none", "k": 0}  # no speculation: the baseline itself
+
+
+def per_prompt(pred: pd.DataFrame) -> pd.DataFrame:
+    """Predicted speed-ups, one row per prompt and one column per configuration (a (drafter, k_policy, k)
+    tuple), plain decoding included at exactly 1."""
+    table = pred.assign(cfg=list(zip(*(pred[c] for c in CONFIG_KEYS)))).pivot_table(
+        index="prompt_id", columns="cfg", values="predicted")
+    table[tuple(PLAIN[c] for c in CONFIG_KEYS)] = 1.0
+    return table
+
+
+def worst_ratios(pred: pd.DataFrame) -> pd.Series:
+    """Per configuration: its worst predicted speed-up, over every sample prompt, as a share of that
+    prompt's best configuration (plain included at 1). 1 means best on every prompt."""
+    table = per_prompt(pred)
+    return table.div(table.max(axis=1), axis=0).min(axis=0).rename("worst_ratio")
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """How the kind's own choice fares against the pooled one on prompts it did not see (leave one prompt out)."""
+
+    gain: float   # mean over the kind's prompts of (the choice made without the prompt) / (the pooled choice) - 1
+    error: float  # the standard error of that mean (NaN below 2 prompts)
+    prompts: int
+    beyond: bool  # the gain exceeds its error: one-sided t at ``level`` (a gain every prompt agrees on counts)
+
+
+def held_out(pred: pd.DataFrame, pooled: tuple, level: float) -> HeldOut:
+    """Per prompt of one kind, the configuration with the highest median over the kind's *other* prompts, priced on
+    the left-out prompt against the pooled choice. The kind's own choice is worth taking when that held-out gain is
+    positive beyond its standard error, by a one-sided t test at ``level`` (what two prompts can show when they
+    agree; what four cannot when they do not)."""
+    from scipy.stats import t as student_t
+
+    table = per_prompt(pred)
+    values, configs = table.to_numpy(dtype=float), list(table.columns)  # configurations are tuples: by position
+    if pooled not in configs:
+        return HeldOut(float("nan"), float("nan"), 0, False)
+    at = configs.index(pooled)
+    gains = []
+    for i in range(len(values)) if len(values) > 1 else ():
+        rest = np.delete(values, i, axis=0)
+        choice = int(np.nanargmax(np.nanmedian(rest, axis=0)))
+        gains.append(values[i, choice] / values[i, at] - 1)
+    g = np.asarray(gains, float)
+    g = g[~np.isnan(g)]
+    if len(g) < 2:
+        return HeldOut(float(np.mean(g)) if len(g) else float("nan"), float("nan"), len(g), False)
+    mean, err = float(g.mean()), float(g.std(ddof=1) / np.sqrt(len(g)))
+    return HeldOut(mean, err, len(g), bool(mean > 0 and mean > student_t.ppf(level, len(g) - 1) * err))
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Whether a kind's sample has told its recommendation apart from the runner-up (the highest other median)."""
+
+    runner_up: tuple | None  # (drafter, k_policy, k); None when the kind has one candidate
+    margin: float            # the lower bound at ``level`` of the recommendation's mean speed-up over the runner-up's,
+                             # a ratio (geometric mean over the kind's prompts); NaN below 2 prompts
+    prompts: int
+    settled: bool            # margin >= 1 - precision: no worse than ``precision`` below the runner-up, at ``level``
+
+
+def settled(pred: pd.DataFrame, chosen: tuple, precision: float, level: float) -> Settled:
+    """Per prompt of one kind, log(recommended / runner-up); the one-sided t lower bound of their mean at ``level``,
+    as a ratio. The sample is enough when that bound is at least ``1 - precision``: the recommendation is then told
+    apart from the runner-up (bound above 1), or the two are within ``precision`` of each other and either will do.
+    Two prompts settle it when they agree; prompts that disagree need more of them."""
+    from scipy.stats import t as student_t
+
+    table = per_prompt(pred)
+    values, configs = table.to_numpy(dtype=float), list(table.columns)  # configurations are tuples: by position
+    if chosen not in configs or len(configs) < 2:
+        return Settled(None, float("nan"), len(values), False)
+    at = configs.index(chosen)
+    medians = np.nanmedian(values, axis=0)
+    medians[at] = -np.inf
+    other = int(np.nanargmax(medians))
+    runner = tuple(configs[other])
+    logs = np.log(values[:, at] / values[:, other])
+    logs = logs[np.isfinite(logs)]
+    if len(logs) < 2:
+        return Settled(runner, float("nan"), len(logs), False)
+    err = logs.std(ddof=1) / np.sqrt(len(logs))
+    margin = float(np.exp(logs.mean() - student_t.ppf(level, len(logs) - 1) * err))
+    return Settled(runner, margin, len(logs), bool(margin >= 1 - precision - 1e-12))
+
+
+def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
+    """Per kind (and 'all'), every configuration's median predicted speed-up over the sample prompts,
+    its distribution-free interval at ``level`` (none from fewer prompts than it needs), where an *unseen* prompt of
+    the kind falls (``unseen_lo``-``unseen_hi``, covering it with probability ``unseen_coverage``: at least ``level``
+    from ``prediction_size_needed(level)`` prompts, the sample's range and its smaller coverage below that;
+    speclab.stats.intervals.prediction_interval), and the recommended one. Plain decoding is a candidate at exactly 1: where no
+    configuration is predicted to beat it, the advice is not to speculate.
+
+    The recommendation is the *robust* configuration (the best worst case over every sample prompt,
+    ``worst_ratio``) unless the kind's own choice beats it on prompts it did not see (``held_out``: leave one prompt
+    out, the held-out gain beyond its error at ``level``); ``cv_gain`` and ``cv_error`` say by how much, on every row
+    of the kind, and ``chosen_by`` why.
+    """
+    pooled = pd.concat([pred, pred.assign(kind="all")], ignore_index=True) if pred.kind.nunique() > 1 else pred
+    rows = [{"kind": kind, **PLAIN, "prompts": g.prompt_id.nunique(), "predicted": 1.0, "predicted_lo": 1.0,
+             "predicted_hi": 1.0, "predicted_iid": 1.0, "alpha": float("nan"),
+             "unseen_lo": 1.0, "unseen_hi": 1.0, "unseen_coverage": 1.0}
+            for kind, g in pooled.groupby("kind", sort=True)]
+    for (kind, drafter, policy, k), g in pooled.groupby(["kind", *CONFIG_KEYS], sort=True):
+        med, lo, hi = median_and_interval(g.predicted.to_numpy(), level)
+        unseen = prediction_interval(g.predicted.to_numpy(), level)
+        rows.append({"kind": kind, "drafter": drafter, "k_policy": policy, "k": int(k), "prompts": g.prompt_id.nunique(),
+                     "predicted": med, "predicted_lo": lo, "predicted_hi": hi,
+                     "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean()),
+                     "unseen_lo": unseen.lo, "unseen_hi": unseen.hi, "unseen_coverage": unseen.coverage})
+    out = pd.DataFrame(rows)
+    out["rank"] = out.groupby("kind").predicted.rank(ascending=False, method="first").astype(int)
+    cfg = pd.Series(list(zip(*(out[c] for c in CONFIG_KEYS))), index=out.index)
+    worst = worst_ratios(pred)
+    out["worst_ratio"] = [float(worst[key]) if key in worst.index else np.nan for key in cfg]
+    # The robust choice: best worst case, then the higher pooled median.
+    everywhere = out[out.kind == ("all" if "all" in set(out.kind) else out.kind.iloc[0])]
+    robust_at = everywhere.sort_values(["worst_ratio", "predicted"], ascending=False).index[0]
+    robust = cfg[robust_at]
+    out["recommended"], out["chosen_by"], out["cv_gain"], out["cv_error"] = False, "", np.nan, np.nan
+    for kind, g in out.groupby("kind", sort=False):
+        best = cfg[g["rank"].idxmin()]
+        why, pick = f"robust: best worst case over all sample prompts ({out.worst_ratio[robust_at]:.3f} of each one's best)", robust
+        if kind != "all":
+            h = held_out(pred[pred.kind == kind], robust, level)
+            out.loc[g.index, ["cv_gain", "cv_error"]] = [h.gain, h.error]
+            said = (f"the kind's own choice, made without each prompt, gains {100 * h.gain:+.0f}% "
+                    f"(± {100 * h.error:.0f}%) on it over the robust choice ({h.prompts} prompts left out in turn)")
+            if best != robust and h.beyond:
+                why, pick = f"kind's best: {said}", best
+            elif best != robust:
+                why += f"; {said}: not beyond its error at {level:.0%}"
+        chosen = next(i for i in g.index if cfg[i] == pick)
+        out.loc[chosen, ["recommended", "chosen_by"]] = [True, why]
+    return out.sort_values(["kind", "rank"]).reset_index(drop=True)
