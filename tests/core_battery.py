@@ -378,7 +378,11 @@ def _cost_cases() -> dict:
 
 
 def stats_cases() -> dict:
-    from speclab import stats as S
+    from types import SimpleNamespace
+
+    from speclab.stats import goodness_of_fit, intervals
+
+    S = SimpleNamespace(**{k: v for m in (goodness_of_fit, intervals) for k, v in vars(m).items() if not k.startswith("_")})
 
     rng = np.random.default_rng(13)
     out: dict[str, Any] = {}
