@@ -39,7 +39,7 @@ from pipeline.jobs.results import hydra_overrides, now, provenance, write_result
 from pipeline.jobs.shape_checks import check_shapes  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from pipeline.config.stage_options import check_used  # noqa: E402
-from pipeline.jobs.sweep import end_open_parent, summary_after_failure
+from pipeline.jobs.sweep import end_open_parent, summary_after_failure  # noqa: E402
 from pipeline.jobs.trust import LoadSampler, check_job  # noqa: E402
 from pipeline.jobs.workers import dies_with_sweep  # noqa: E402
 from speclab.models.loading import resolve_device  # noqa: E402

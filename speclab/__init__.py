@@ -21,6 +21,7 @@ _EXPORTS = {
     "expected_tokens_per_iteration": "speclab.costs.cost_model",
     "predicted_speedup": "speclab.costs.cost_model",
     "ModelDrafter": "speclab.decoding.drafters",
+    "load_pair": "speclab.models.loading",
     "GenerationResult": "speclab.decoding.loop",
     "IterationStats": "speclab.decoding.loop",
     "plain_generate": "speclab.decoding.loop",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
                                     accept_sample_resample_target, sampling_rule)
     from speclab.costs.cost_model import break_even_alpha, expected_tokens_per_iteration, predicted_speedup  # noqa: F401
     from speclab.decoding.drafters import ModelDrafter  # noqa: F401
+    from speclab.models.loading import load_pair  # noqa: F401
     from speclab.stats.estimators import alpha_hat, checked_proposals  # noqa: F401
     from speclab.decoding.loop import (GenerationResult, IterationStats, plain_generate, plain_greedy,  # noqa: F401
                               speculative_generate)
