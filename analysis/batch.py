@@ -17,6 +17,7 @@ Two predictions of each batched speed-up:
   prompt token (their runs' ``prefill_s``) and the loop's costs at that B (in-loop over isolated
   pass time, rollback and bookkeeping per iteration: their per-iteration stopwatches). The
   ``no_loop`` variant leaves the loop's costs out.
+Same concept, other floors: ``pipeline/stages/batch.py``, ``speclab/decoding/batch.py``.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 Where results live and how a file is checked against its provenance record are the store's
 (``store.layout``, ``store.records``); here a store error becomes an ``AnalysisError``, which stops the
 analysis with one line naming the file and the reason, before any output is written.
+Same concept, other floor: ``pipeline/jobs/inputs.py``.
 """
 from __future__ import annotations
 

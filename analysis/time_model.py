@@ -11,6 +11,7 @@ speed stage. Two predictions are made for each held-out (kind, k):
   who ran the cheap acceptance stage on their prompts gets);
 - "kind sample": the time model replays the calibration prompts of the same kind (what the planner
   predicts for prompts it has not seen).
+Same concept, other floor: ``speclab/costs/time_model.py``.
 """
 from __future__ import annotations
 

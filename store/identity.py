@@ -5,6 +5,7 @@ where or how a job ran (``VOLATILE``), keys added later at their old value (``ne
 them out of its schema, where each key declares its own) and keys that name code rather than a measurement
 (Hydra's ``_target_``) stay out of the hash; what the job reads besides its config (``inputs``: the plan it
 follows, the best fixed configuration) goes in.
+Same concept, other floor: ``pipeline/jobs/identity.py``.
 """
 from __future__ import annotations
 

@@ -184,3 +184,21 @@ def test_a_file_name_is_used_once_unless_the_same_concept():
             if path.name != "__init__.py":
                 seen.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
     assert {n: p for n, p in seen.items() if len(p) > 1 and n not in SAME_CONCEPT} == {}
+
+
+def test_each_twin_names_its_other_floors():
+    """A module of a ``SAME_CONCEPT`` name says so: its docstring names every other module of that name."""
+    import ast
+
+    paths: dict[str, list[Path]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name in SAME_CONCEPT:
+                paths.setdefault(path.name, []).append(path)
+    silent = []
+    for name, group in paths.items():
+        for path in group:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            silent += [f"{path.relative_to(ROOT)} does not name {t.relative_to(ROOT)}" for t in group
+                       if t != path and t.relative_to(ROOT).as_posix() not in doc]
+    assert not silent

@@ -1,5 +1,6 @@
 """The arm entries a job runs (``stage.arms``, with any flags a recorded command sets applied), as the speed
-stage, the job's inputs and its price tables read them."""
+stage, the job's inputs and its price tables read them.
+Same concept, other floors: ``speclab/engines/llama_cpp/arms.py``, ``speclab/specs/arms.py``."""
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf

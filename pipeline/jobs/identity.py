@@ -2,6 +2,7 @@
 
 A job is complete when its file reads, has the stage's schema and the rows its provenance record
 says were written, and (with tracking on) MLflow holds a FINISHED run for the same job.
+Same concept, other floor: ``store/identity.py``.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ A job resolves them once, as it starts (``freeze``), into ``cfg.inputs``: its ha
 its provenance record and the stage itself then all see the same plan, even if another job writes a
 newer one meanwhile. The rules for the latest plan and the best fixed configuration are the store's; the
 cost-model keys that name such an arm are those its schema marks ``arm_hashed`` (pipeline/config/schema.py).
+Same concept, other floor: ``analysis/inputs.py``.
 """
 from __future__ import annotations
 

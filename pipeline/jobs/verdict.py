@@ -2,7 +2,8 @@
 interval or why there is none, the verdict), the trust state of the job's own checks, and the machine it measured.
 
 The same entries go into the job's record (``speclab_job.json``), from which a sweep's closing table takes its
-trust column and its best-per-kind lines (pipeline/jobs/summary.py)."""
+trust column and its best-per-kind lines (pipeline/jobs/summary.py).
+Same concept, other floor: ``speclab/stats/verdict.py``."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

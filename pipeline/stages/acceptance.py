@@ -1,4 +1,5 @@
-"""Stage acceptance: the greedy (or sampling) loop over every prompt at k; one row per iteration."""
+"""Stage acceptance: the greedy (or sampling) loop over every prompt at k; one row per iteration.
+Same concept, other floor: ``speclab/decoding/acceptance.py``."""
 from __future__ import annotations
 
 import time

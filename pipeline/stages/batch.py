@@ -5,6 +5,7 @@ the flatness of the pass ends), and batched plain vs batched speculative through
 over rows) at each batch size B and k (with an adaptive k policy: the k each run starts at), in adjacent
 runs whose order rotates. The speculative arm uses the job's drafter and k policy. Rows of a batch are
 consecutive prompts of the selection (wrapping around when B exceeds it).
+Same concept, other floors: ``analysis/batch.py``, ``speclab/decoding/batch.py``.
 """
 from __future__ import annotations
 

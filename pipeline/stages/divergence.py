@@ -1,4 +1,5 @@
-"""Stage divergence: where speculative greedy differs from plain greedy, is it a near-tie or a bug?"""
+"""Stage divergence: where speculative greedy differs from plain greedy, is it a near-tie or a bug?
+Same concept, other floor: ``speclab/measures/divergence.py``."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,8 @@
 """Stage timing: target and draft pass times over 1..9 new tokens after the prompt (and after longer
 contexts: ``context_extra``), and optionally both models' prefill times (rows with context_len 0).
 Every row also carries both models' sizes (parameters, weight bytes as held in memory, decoder layers), so
-a cost ratio can be set beside the size ratios."""
+a cost ratio can be set beside the size ratios.
+Same concept, other floor: ``speclab/decoding/timing.py``."""
 from __future__ import annotations
 
 import statistics

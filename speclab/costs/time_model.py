@@ -18,6 +18,7 @@ model puts back:
 
 Pure numpy: usable from a notebook; the pipeline's plan stage and the analysis call it with numbers
 read from the timing and acceptance stages.
+Same concept, other floor: ``analysis/time_model.py``.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ are kept and ``next_token`` is the target's own token (correction or bonus).
 
 All comparisons are vectorised over the k proposals; the only Python-level work
 is reading back two scalars.
+Same concept, other floor: ``pipeline/stages/acceptance.py``.
 """
 from __future__ import annotations
 

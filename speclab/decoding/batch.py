@@ -50,6 +50,7 @@ Acceptance is per row: greedy is ``accept_greedy`` vectorised over rows and prop
 (``batch_accept_greedy``); sampling applies the batch-1 rule functions of
 ``speclab.decoding.acceptance`` (the correct one or a deliberately wrong one) to each row's proposals and
 distributions, the distributions having been computed for all rows at once.
+Same concept, other floors: ``analysis/batch.py``, ``pipeline/stages/batch.py``.
 """
 from __future__ import annotations
 

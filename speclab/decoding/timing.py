@@ -1,4 +1,5 @@
-"""Wall-clock timing that is honest about asynchronous devices and memory residency."""
+"""Wall-clock timing that is honest about asynchronous devices and memory residency.
+Same concept, other floor: ``pipeline/stages/timing.py``."""
 from __future__ import annotations
 
 import time

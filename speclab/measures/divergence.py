@@ -1,4 +1,5 @@
-"""Why did speculative greedy output differ from plain greedy? Recompute the logits and look at the gap."""
+"""Why did speculative greedy output differ from plain greedy? Recompute the logits and look at the gap.
+Same concept, other floor: ``pipeline/stages/divergence.py``."""
 from __future__ import annotations
 
 import math

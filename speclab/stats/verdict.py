@@ -1,6 +1,7 @@
 """Whether to speculate, from a configuration's speed-up over plain decoding and its interval: one rule for the
 report's answer (analysis/answer.py), an engine's answer (analysis/engines.py) and the line a job ends with
-(pipeline/jobs/verdict.py)."""
+(pipeline/jobs/verdict.py).
+Same concept, other floor: ``pipeline/jobs/verdict.py``."""
 from __future__ import annotations
 
 from speclab.stats.intervals import runs_needed
