@@ -1,12 +1,16 @@
-"""dvc.yaml's code deps, from the import graph: each stage lists exactly the repository's own .py files its
-script imports (transitively), so a code change reruns the stages it can affect and no others.
+"""dvc.yaml's code deps, from the import graph: each stage lists the repository's own code its script imports
+(transitively), grouped by package folder, so a code change reruns every stage it can affect.
 
-    python -m analysis.stage_deps           (check: lists each stage whose .py deps differ; exit 1 if any)
+    python -m analysis.stage_deps           (check: lists each stage whose code deps differ; exit 1 if any)
     python -m analysis.stage_deps --write   (rewrite those deps in dvc.yaml)
 
-Only the .py entries of a stage's `deps:` are generated; its other deps (results, tables, templates) are kept
-as written, after them. A stage's deps are written as one flow list (`deps: [...]`, wrapped), which keeps
-dvc.yaml short; entries holding a YAML flow indicator (`${campaign}`) are quoted.
+A module in a sub-package (speclab/stats/intervals.py) is listed as the sub-package's folder (speclab/stats: DVC
+hashes a folder dep as a whole, .dvcignore leaves out __pycache__), a module at the top of a package
+(analysis/fit.py, speclab/__init__.py) as its file, and a package of FOLDERS (store/) as its folder: the folder
+reruns a stage for a module of it that the stage does not import, never misses one it does. Code deps are the
+.py files and package folders (with an __init__.py) among a stage's deps; its other deps (results, tables,
+templates) are kept as written, after them. A stage's deps are written as one flow list (`deps: [...]`,
+wrapped), which keeps dvc.yaml short; entries holding a YAML flow indicator (`${campaign}`) are quoted.
 """
 from __future__ import annotations
 
@@ -23,6 +27,9 @@ DVC_YAML = ROOT / "dvc.yaml"
 WIDTH = 118
 DEPS_INDENT = "    "        # `deps:` under a stage under `stages:`
 CONTINUATION = " " * 6
+# Flat packages listed as one folder rather than file by file: nearly every stage imports most of store/ (a
+# stage's own analysis/ modules stay files, so an edit of one script reruns only the stages that import it).
+FOLDERS = ("store",)
 
 
 def stage_module(cmd: str) -> str | None:
@@ -31,25 +38,46 @@ def stage_module(cmd: str) -> str | None:
     return match.group(1) if match else None
 
 
+def dep_of(path: str) -> str:
+    """The dep that covers the module file ``path``: its sub-package's folder (speclab/stats/intervals.py ->
+    speclab/stats, speclab/engines/llama_cpp/arms.py -> speclab/engines), its package's folder for a package of
+    FOLDERS (store/seal.py -> store), else the file itself (analysis/fit.py)."""
+    parts = path.split("/")
+    if parts[0] in FOLDERS:
+        return parts[0]
+    return "/".join(parts[:2]) if len(parts) > 2 else path
+
+
 def code_deps(module: str, root: Path = ROOT) -> list[str]:
-    return sorted(imported_files(module, root))
+    return sorted({dep_of(path) for path in imported_files(module, root)})
+
+
+def is_code(dep: str, root: Path = ROOT) -> bool:
+    """A code dep: a .py file, or a package's folder (analysis/templates, a folder without __init__.py, is not)."""
+    return dep.endswith(".py") or (root / dep / "__init__.py").is_file()
+
+
+def covers(deps: list[str], path: str) -> bool:
+    """Whether ``deps`` hash the file ``path``: it is one of them or lies in a folder of them."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
 
 
 def wanted_deps(stage: dict, root: Path = ROOT) -> list[str]:
-    """The stage's deps with its .py entries replaced by the import graph's (first, sorted)."""
+    """The stage's deps with its code entries replaced by the import graph's (first, sorted)."""
     module = stage_module(stage["cmd"])
-    data = [d for d in stage.get("deps", []) if not str(d).endswith(".py")]
-    return (code_deps(module, root) if module else [d for d in stage.get("deps", []) if str(d).endswith(".py")]) + data
+    deps = [str(d) for d in stage.get("deps", [])]
+    data = [d for d in deps if not is_code(d, root)]
+    return (code_deps(module, root) if module else [d for d in deps if is_code(d, root)]) + data
 
 
 def differences(spec: dict, root: Path = ROOT) -> dict[str, tuple[set[str], set[str]]]:
-    """Per stage whose .py deps differ from its imports: (imported but not listed, listed but not imported)."""
+    """Per stage whose code deps differ from its imports' (imported but not listed, listed but not imported)."""
     out = {}
     for name, stage in spec["stages"].items():
         module = stage_module(stage["cmd"])
         if not module:
             continue
-        listed = {d for d in stage.get("deps", []) if str(d).endswith(".py")}
+        listed = {str(d) for d in stage.get("deps", []) if is_code(str(d), root)}
         needed = set(code_deps(module, root))
         if listed != needed:
             out[name] = (needed - listed, listed - needed)
@@ -60,10 +88,10 @@ def _item(dep: str) -> str:
     return f'"{dep}"' if re.search(r"[\[\]{},:#&*!|>'\"%@`]", dep) else dep
 
 
-def render_deps(deps: list[str]) -> list[str]:
+def render_deps(deps: list[str], root: Path = ROOT) -> list[str]:
     """`deps: [...]` as lines: the code deps, then the others from a new line, each run wrapped at WIDTH."""
-    code = [_item(d) for d in deps if d.endswith(".py")]
-    data = [_item(d) for d in deps if not d.endswith(".py")]
+    code = [_item(d) for d in deps if is_code(d, root)]
+    data = [_item(d) for d in deps if not is_code(d, root)]
     lines: list[str] = []
     for group in (g for g in (code, data) if g):
         line, fresh = (f"{DEPS_INDENT}deps: [" if not lines else CONTINUATION), True
@@ -102,7 +130,7 @@ def rewrite(text: str, root: Path = ROOT) -> str:
         if not stage.get("deps"):
             continue
         start, stop = _deps_span(lines, name)
-        lines[start:stop] = render_deps([str(d) for d in wanted_deps(stage, root)])
+        lines[start:stop] = render_deps(wanted_deps(stage, root), root)
     return "\n".join(lines)
 
 
@@ -120,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     diff = differences(yaml.safe_load(text))
     for name, (missing, unused) in diff.items():
-        print(f"stage {name}: imports {sorted(missing)} not in deps; lists {sorted(unused)} it does not import")
+        print(f"stage {name}: imports {sorted(missing)} not in its deps; "
+              f"lists {sorted(unused)} its imports do not need")
     if diff or rewrite(text) != text:
         print("analysis.stage_deps: dvc.yaml is out of date; run `python -m analysis.stage_deps --write`",
               file=sys.stderr)
