@@ -1,10 +1,10 @@
 """Config identity: a hash of what a job measures names its output file.
 
 The config comes in as plain nested data (the pipeline resolves its Hydra config first). Keys that say
-where or how a job ran (``VOLATILE``), keys added later at their old value (``neutral``: the pipeline walks
-them out of its schema, where each key declares its own) and keys that name code rather than a measurement
-(Hydra's ``_target_``) stay out of the hash; what the job reads besides its config (``inputs``: the plan it
-follows, the best fixed configuration) goes in.
+where or how a job ran (``volatile``), keys added later at their old value (``neutral``) and keys that name code
+rather than a measurement (Hydra's ``_target_``) stay out of the hash: the pipeline walks ``volatile`` and
+``neutral`` out of its schema, where each key declares its own (the store keeps no list of them); what the job
+reads besides its config (``inputs``: the plan it follows, the best fixed configuration) goes in.
 Same concept, other floor: ``pipeline/jobs/identity.py``.
 """
 from __future__ import annotations
@@ -17,9 +17,6 @@ from typing import Any
 
 from store.legacy_arms import identity_stage
 
-# Keys that do not change what a job measures (nor its MLflow params). The campaign says where a result
-# is filed, not what it measures: one measurement keeps one hash across campaigns.
-VOLATILE = ("force", "overwrite_published", "mlflow.", "outputs_dir", "threads", "campaign")
 CODE_KEY = "_target_"  # names the class that runs a setting (Hydra instantiate), not what it measures
 
 
@@ -47,21 +44,23 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def measured(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """The dotted keys that say what a job measures (its MLflow params): all but ``VOLATILE`` and code keys."""
-    return {k: v for k, v in flat.items() if not k.startswith(VOLATILE) and k.rsplit(".", 1)[-1] != CODE_KEY}
+def measured(flat: Mapping[str, Any], volatile: tuple[str, ...]) -> dict[str, Any]:
+    """The dotted keys that say what a job measures (its MLflow params): all but code keys and those that start
+    with a ``volatile`` key (``mlflow.``: every key under it)."""
+    return {k: v for k, v in flat.items() if not k.startswith(tuple(volatile)) and k.rsplit(".", 1)[-1] != CODE_KEY}
 
 
 def config_hash(config: Mapping[str, Any], inputs: Mapping[str, Any] | None = None, *,
-                neutral: Mapping[str, Neutral]) -> str:
+                neutral: Mapping[str, Neutral], volatile: tuple[str, ...]) -> str:
     """The 16-hex-digit identity of a job: ``config`` is its resolved config as plain data, ``inputs`` what
     it reads besides (None: ``config`` already holds them under ``inputs``, frozen by the job), ``neutral``
-    the dotted keys left out at their neutral value (``pipeline.config.schema.HASH_NEUTRAL``)."""
+    the dotted keys left out at their neutral value (``pipeline.config.schema.HASH_NEUTRAL``), ``volatile``
+    the keys that say where or how a job ran (``pipeline.config.schema.VOLATILE``)."""
     tree = dict(config) if inputs is None else {**config, "inputs": inputs}
     stage = str(config["stage"]["name"])
     # A speed job's arm list hashes as the flags that came before it, where they express it (store/legacy_arms.py).
     names = {group: str((config.get(group) or {}).get("name", "")) for group in ("drafter", "k_policy")}
     tree["stage"] = identity_stage(config["stage"], names["drafter"], names["k_policy"])
-    flat = {k: v for k, v in measured(flatten(tree)).items()
+    flat = {k: v for k, v in measured(flatten(tree), volatile).items()
             if not (k in neutral and neutral[k].leaves_out(v, stage))}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

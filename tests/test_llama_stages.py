@@ -19,8 +19,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from pipeline.config.schema import ConfigError
-from pipeline.engines.option_checks import check_engine
+from pipeline.config.schema import SPECLAB, STAGE_SCHEMAS, ConfigError
+from pipeline.engines.option_checks import ENGINE_KEYS, PLAN_PRESETS, check_engine
 from pipeline.stages.divergence import engine_analyse
 from speclab.engines.llama_cpp.engine import EngineRun
 from tests.pipeline_helpers import make_cfg
@@ -83,6 +83,28 @@ def test_llama_refuses_what_it_cannot_run(tmp_path, case):
         check_engine(cfg, list(cfg.stage.parts))
     line = str(err.value)
     assert said in line and "\n" not in line
+
+
+# A value set for each stage key only speclab's loop reads (the schema's ``engine=SPECLAB``): a key declared so is
+# refused under llama.cpp, and this table says with what.
+SPECLAB_SET = {"drafters": "[prompt_lookup]", "k_policies": "[cost_model]", "policy_drafters": "[hybrid]",
+               "trees": "[static:2-1]", "peer": "true", "peer_modes": "[default]", "drafter_ks": "[2]",
+               "best_fixed": "true", "prefill": "true", "tree_nodes": "[3]", "tie_ulps": "8"}
+
+
+def test_the_keys_only_speclab_reads_are_declared_in_the_schema():
+    assert set(ENGINE_KEYS[SPECLAB]) == set(SPECLAB_SET)
+    assert set(PLAN_PRESETS) == {"drafters", "k_policies", "policy_drafters", "prefill"}  # conf/stage/plan.yaml's
+
+
+@pytest.mark.parametrize("key", sorted(SPECLAB_SET))
+def test_llama_refuses_each_key_only_speclab_reads(tmp_path, key):
+    stage = next(name for name, schema in STAGE_SCHEMAS.items() if key in schema.__dataclass_fields__)
+    cfg = make_cfg(tmp_path, "engine=llama_cpp", f"stage={stage}", f"stage.{key}={SPECLAB_SET[key]}")
+    with pytest.raises(ConfigError, match=rf"^stage\.{key}=") as err:
+        check_engine(cfg, list(cfg.stage.parts))
+    assert "\n" not in str(err.value)
+    check_engine(make_cfg(tmp_path, f"stage={stage}", f"stage.{key}={SPECLAB_SET[key]}"), [stage])  # speclab: runs
 
 
 def test_tie_nats_is_refused_under_speclab(tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config.schema import HASH_NEUTRAL, ConfigError, check_config
+from pipeline.config.schema import HASH_NEUTRAL, VOLATILE, ConfigError, check_config
 from pipeline.jobs.identity import config_hash, plain_config
 from pipeline.prompts.prompt_files import parse_jsonl
 from pipeline.prompts.sets import MT_BENCH, PROMPT_DIR, load_prompts, shipped_files
@@ -139,7 +139,7 @@ def test_chat_template_auto_keeps_old_hashes_and_on_off_are_new_jobs(tmp_path):
     cfg = make_cfg(tmp_path, "stage=speed")
     before = plain_config(cfg)
     del before["prompts"]["chat_template"]
-    assert config_hash(cfg) == store_hash(before, {}, neutral=HASH_NEUTRAL)
+    assert config_hash(cfg) == store_hash(before, {}, neutral=HASH_NEUTRAL, volatile=VOLATILE)
     hashes = {config_hash(make_cfg(tmp_path, "stage=speed", f"prompts.chat_template={v}")) for v in ("on", "off")}
     assert len(hashes) == 2 and config_hash(cfg) not in hashes
 

@@ -15,9 +15,11 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from pipeline.config.schema import CHECKS, HASH_NEUTRAL, SCHEMAS, SpeclabConf, register
+from pipeline.config.schema import (CHECKS, HASH_NEUTRAL, SCHEMAS, STAGE_SCHEMAS, VOLATILE, RoundsStage, SpeclabConf,
+                                    SpeedStage, register)
 from pipeline.config.settings import NOT_NEUTRAL, declarations, same_as, setting
 from pipeline.config.value_checks import int_at_least
+from store.legacy_arms import FLAGS
 from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +106,43 @@ def test_every_checked_or_neutral_key_is_a_declared_field():
     assert set(HASH_NEUTRAL) <= set(declared)
     for key, neutral in HASH_NEUTRAL.items():
         assert declared[key]["neutral"] == neutral.value is not NOT_NEUTRAL
+
+
+def test_where_and_how_a_job_ran_is_declared_in_the_schema_only():
+    """The keys every job's hash and MLflow params leave out are fields declared ``volatile=True`` (``mlflow``: the
+    whole section); the store keeps no list of its own, the pipeline hands it the schema's."""
+    from store import identity
+
+    # changing this set renames stored results (tests/test_config_hashes.py): a new volatile key is one never hashed
+    assert set(VOLATILE) == {"force", "overwrite_published", "mlflow.", "outputs_dir", "threads", "campaign"}
+    declared = declarations(SCHEMAS)
+    assert all(declared[key.rstrip(".")]["volatile"] for key in VOLATILE)
+    assert not [name for name, value in vars(identity).items()
+                if isinstance(value, tuple) and {"force", "campaign"} <= set(value)], "a second list in store.identity"
+    flat = identity.flatten({"k": 4, "threads": 2, "mlflow": {"enabled": False, "later": 1}, "engine": {"threads": 2}})
+    assert identity.measured(flat, VOLATILE) == {"k": 4, "engine.threads": 2}  # llama-server's threads are measured
+
+
+def test_the_legacy_flags_are_speed_keys_whose_neutral_values_are_their_defaults():
+    """store/legacy_arms.py FLAGS is the one home of the old speed flags and their defaults (the store translates old
+    records without the schema); the speed stage declares each key, unset by default, and reads its neutral value
+    from there."""
+    for key, default in FLAGS.items():
+        assert _default(SpeedStage, key) is None, f"stage.{key}: a flag is unset unless a recorded command sets it"
+        neutral = HASH_NEUTRAL.get(f"stage.{key}")
+        if key == "peer":
+            assert neutral is None  # every speed job hashed stage.peer (store.legacy_arms.identity_stage)
+        else:
+            assert neutral is not None and neutral.value == default, f"stage.{key}: {neutral} != {default!r}"
+
+
+def test_a_key_stages_share_by_running_alike_is_declared_once():
+    """``stage.rounds``: one field, inherited by every stage that runs its ks in rounds, never restated."""
+    rounds = {name: schema.__dataclass_fields__["rounds"] for name, schema in STAGE_SCHEMAS.items()
+              if "rounds" in schema.__dataclass_fields__}
+    assert set(rounds) == {"speed", "divergence", "batch", "all"}
+    assert all(f is RoundsStage.__dataclass_fields__["rounds"] for f in rounds.values()), \
+        [name for name, f in rounds.items() if f is not RoundsStage.__dataclass_fields__["rounds"]]
 
 
 def test_a_key_two_schemas_declare_differently_is_refused():

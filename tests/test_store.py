@@ -18,9 +18,9 @@ SCHEMA = pa.schema([("x", pa.int64())])
 
 def config_hash(config: dict, inputs: dict | None = None) -> str:
     """The store's hash with the keys the pipeline's schema declares hash-neutral."""
-    from pipeline.config.schema import HASH_NEUTRAL
+    from pipeline.config.schema import HASH_NEUTRAL, VOLATILE
 
-    return identity.config_hash(config, inputs, neutral=HASH_NEUTRAL)
+    return identity.config_hash(config, inputs, neutral=HASH_NEUTRAL, volatile=VOLATILE)
 
 
 CONFIG = {"stage": {"name": "speed", "ks": [2, 4]}, "k": 4, "pair": {"name": "p"},

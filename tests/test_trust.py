@@ -90,7 +90,7 @@ def test_load_sampler_tags_max_and_median(monkeypatch):
 # ---- the limits are config, at the analysis's values, and leave earlier jobs' hashes alone ---------------
 
 def test_drift_limit_agrees_with_the_analysis_and_is_hash_neutral(tmp_path):
-    from pipeline.config.schema import HASH_NEUTRAL
+    from pipeline.config.schema import HASH_NEUTRAL, VOLATILE
 
     cfg = make_cfg(tmp_path, "stage=speed")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -102,7 +102,7 @@ def test_drift_limit_agrees_with_the_analysis_and_is_hash_neutral(tmp_path):
     from store.identity import config_hash
 
     def identity_hash(config: dict) -> str:
-        return config_hash(config, neutral=HASH_NEUTRAL)
+        return config_hash(config, neutral=HASH_NEUTRAL, volatile=VOLATILE)
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     before = {k: v for k, v in plain.items() if k != "trust"}  # a config from before the knobs

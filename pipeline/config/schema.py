@@ -1,8 +1,10 @@
 """The typed config schema: dataclasses registered with Hydra's ConfigStore. Each config key has one home, its field.
 
 A field declared with ``setting`` (pipeline/config/settings.py) holds the key's type, default, allowed range (the words
-after ``use`` in its one-line error) and, for a key added after results were stored, its hash-neutral value;
-``CHECKS`` and ``HASH_NEUTRAL`` are walked out of these fields. Types are checked by Hydra while it composes
+after ``use`` in its one-line error), for a key added after results were stored its hash-neutral value, whether it
+says where or how a job ran rather than what it measures (``volatile``) and the one engine that reads it
+(``engine``); ``CHECKS``, ``HASH_NEUTRAL``, ``VOLATILE`` (both handed to ``store.identity``) and the engine checks'
+keys (pipeline/engines/option_checks.py) are walked out of these fields. Types are checked by Hydra while it composes
 (``max_new_tokens=abc`` never reaches the code); ranges by :func:`check_config` before any model loads. The
 YAML files in conf/ hold only what differs from these defaults (tests/test_settings_home.py).
 
@@ -10,7 +12,8 @@ Adding a stage option is one edit and its test: a field on the stage's schema cl
 ``name: type = setting(default, check=..., doc="...")``, with ``neutral=`` the value that measures what jobs
 measured before it existed (or every stored job's config hash changes; ``neutral_for=`` to restrict that to
 some stage names). A key several stage schemas share (they flatten into one ``stage.`` namespace) is declared
-once and restated elsewhere with ``same_as(Owner, "name", default)``; two schemas declaring one key
+once, on a schema they inherit where they run alike (``RoundsStage.rounds``), or restated elsewhere with
+``same_as(Owner, "name", default)``; two schemas declaring one key
 differently fail at import. Set a non-default value in conf/stage/<option>.yaml only where that option
 differs. The test: the check's error in tests/test_bad_input_table.py and the option's effect in its stage's
 test; tests/test_migration.py then proves every published hash unchanged.
@@ -23,14 +26,14 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from pipeline.config.settings import arm_hashed, checks, neutral_table, same_as, setting
+from pipeline.config.settings import arm_hashed, checks, neutral_table, same_as, section, setting, volatile_keys
 from pipeline.config.value_checks import (Check, int_at_least, int_in, ints_at_least, matches, nonblank, number_in, one_of,
                                    positive_or_null, subset_of, unset_or, worded)
 from speclab.specs.arms import ENTRY_METHODS, OWN, ArmEntry, entry
@@ -39,6 +42,7 @@ from speclab.costs.planning import recommend
 from speclab.drafting.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, default_of
 from speclab.specs.tree_shapes import EXAMPLES, parse_tree
 from store.layout import NAME  # a campaign or pair name
+from store.legacy_arms import FLAGS
 from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 
@@ -51,6 +55,9 @@ DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # more only costs memory (threads=100000 ran out of it)
 MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; stages add small offsets to the seed
 NAME_WORDS = "a name of letters, digits, '_', '.', '-'"
+# engine=SPECLAB: a key only speclab's own loop reads (llama.cpp's configurations are engine.arms entries);
+# pipeline/engines/option_checks.py refuses it set under another engine.
+SPECLAB, LLAMA_CPP = "speclab", "llama_cpp"
 
 
 @dataclass
@@ -224,8 +231,8 @@ class TimingStage(StageBase):
     context_extra: list[int] = setting([0], ints_at_least(0, nonempty=True), neutral=[0],
                                        doc="pass times after the prompt and after each of these many more tokens "
                                            "(the context grows)")
-    prefill: bool = setting(False, neutral=False, doc="also time both models' prefill of the prompt")
-    tree_nodes: list[int] = setting([], ints_at_least(1), neutral=[],
+    prefill: bool = setting(False, neutral=False, engine=SPECLAB, doc="also time both models' prefill of the prompt")
+    tree_nodes: list[int] = setting([], ints_at_least(1), neutral=[], engine=SPECLAB,
                                     doc="the target's pass over 1 + n tree nodes (a 4D mask), per n")
 
 
@@ -235,17 +242,26 @@ class KsStage(StageBase):
 
 
 @dataclass
+class RoundsStage(KsStage):
+    """The stages that run their ks over the prompts in rounds (speed, divergence, batch): one ``stage.rounds``."""
+    rounds: int = setting(1, int_at_least(1), doc="in-job rounds over the prompts (speed with race or precision: "
+                                                  "the most rounds, the budget)")
+
+
+@dataclass
 class AcceptanceStage(KsStage):
-    drafters: list[str] = setting([], unset_or(subset_of(*DRAFTERS)), neutral=[],
+    drafters: list[str] = setting([], unset_or(subset_of(*DRAFTERS)), neutral=[], engine=SPECLAB,
                                   doc="other drafters run beside the job's (speed: at drafter_ks)")
     # The speed stage hashed k_policies before it was neutral: neutral for the acceptance stage only.
     k_policies: list[str] = setting([], unset_or(subset_of(*EXTRA_POLICIES)), neutral=[], neutral_for=("acceptance",),
+                                    engine=SPECLAB,
                                     doc="adaptive k policies run as extra arms (cost_model, heuristic), starting at k")
-    policy_drafters: list[str] = setting([], subset_of(*DRAFTERS), neutral=[],
+    policy_drafters: list[str] = setting([], subset_of(*DRAFTERS), neutral=[], engine=SPECLAB,
                                          doc="drafters of the k_policies runs ([]: the job's)")
     replay: bool = setting(True, neutral=False,
                            doc="greedy: replay every configuration but the job's own from one plain generation")
     trees: list[str] = setting([], unset_or((_tree_specs, f"a list of tree specs, e.g. [{EXAMPLES}]")), neutral=[],
+                               engine=SPECLAB,
                                doc="tree configurations run beside the chains, e.g. static:3-2-1-1 "
                                    "(speclab/specs/tree_shapes.py)")
 
@@ -262,15 +278,14 @@ def _arm_entries(v: Any) -> bool:
 
 ARMS_EXAMPLE = "[{},{k_policy:cost_model},{drafter:prompt_lookup,k_policy:fixed,ks:[4]},{tree:'static:3-2-1-1'}," \
                "{method:recommended},{method:hf_default}]"
-# The flags a speed job's arms came from before ``stage.arms`` (store/legacy_arms.py): unset (null) unless a
-# recorded command sets them, which then apply to the arm list; their neutral values are those of the flags.
+# The flags a speed job's arms came from before ``stage.arms`` (store/legacy_arms.py FLAGS, their one home: the store
+# translates old records without the schema): unset (null) unless a recorded command sets them, which then apply to
+# the arm list; their neutral values are the flags' defaults, read from FLAGS.
 LEGACY = "before stage.arms (store/legacy_arms.py); null: unset"
 
 
 @dataclass
-class SpeedStage(KsStage):
-    rounds: int = setting(1, int_at_least(1), doc="in-job rounds over the prompts (speed with race or precision: "
-                                                  "the most rounds, the budget)")
+class SpeedStage(RoundsStage):
     race: bool = setting(False, neutral=False,
                          doc="drop an arm from a kind's blocks once it is clearly slower than the leader, corrected "
                              "for every look and rival (speclab/stats/racing.py); stage.rounds is then the budget")
@@ -296,15 +311,18 @@ class SpeedStage(KsStage):
                                         neutral=0,
                                         doc="> 0: time a target and a draft step before each block's runs (the "
                                             "machine's state then)")
-    peer: Optional[bool] = setting(None, doc=f"transformers peer arms, {LEGACY}")
+    # peer has no neutral value: every speed job hashed it (identity_stage)
+    peer: Optional[bool] = setting(None, engine=SPECLAB, doc=f"transformers peer arms, {LEGACY}")
     peer_modes: Optional[list[str]] = setting(None, unset_or(subset_of("matched", "default", "lookup")),
-                                              neutral=["matched"], doc=f"the peers' modes, {LEGACY}")
+                                              neutral=FLAGS["peer_modes"], engine=SPECLAB,
+                                              doc=f"the peers' modes, {LEGACY}")
     k_policies: Optional[list[str]] = same_as(AcceptanceStage, "k_policies", None)
     drafters: Optional[list[str]] = same_as(AcceptanceStage, "drafters", None)
-    drafter_ks: Optional[list[int]] = setting(None, unset_or(ints_at_least(1)), neutral=[],
-                                              doc=f"k values of the drafters' arms, {LEGACY}")
-    recommended: Optional[bool] = setting(None, neutral=False, doc=f"the plan's arm, {LEGACY}")
-    best_fixed: Optional[bool] = setting(None, neutral=False, doc=f"the best fixed arm, {LEGACY}")
+    drafter_ks: Optional[list[int]] = setting(None, unset_or(ints_at_least(1)), neutral=FLAGS["drafter_ks"],
+                                              engine=SPECLAB, doc=f"k values of the drafters' arms, {LEGACY}")
+    recommended: Optional[bool] = setting(None, neutral=FLAGS["recommended"], doc=f"the plan's arm, {LEGACY}")
+    best_fixed: Optional[bool] = setting(None, neutral=FLAGS["best_fixed"], engine=SPECLAB,
+                                         doc=f"the best fixed arm, {LEGACY}")
     trees: Optional[list[str]] = same_as(AcceptanceStage, "trees", None)
 
 
@@ -330,10 +348,10 @@ class PlanStage(TimingStage, AcceptanceStage):
 
 
 @dataclass
-class DivergenceStage(KsStage):
-    rounds: int = same_as(SpeedStage, "rounds")
-    tie_ulps: int = setting(4, int_at_least(0), doc="a gap within this many units in the last place is a near-tie")
-    tie_nats: float = setting(0.5, number_in(0, float("inf")), neutral=0.5,
+class DivergenceStage(RoundsStage):
+    tie_ulps: int = setting(4, int_at_least(0), engine=SPECLAB,
+                            doc="a gap within this many units in the last place is a near-tie")
+    tie_nats: float = setting(0.5, number_in(0, float("inf")), neutral=0.5, engine=LLAMA_CPP,
                               doc="engine=llama_cpp: a gap log(p1/p2) of its top-2 probabilities within this many "
                                   "nats is a near-tie (docs/pipeline.md#engines)")
 
@@ -358,10 +376,9 @@ class DistributionStage(StageBase):
 
 
 @dataclass
-class BatchStage(StageBase):
+class BatchStage(RoundsStage):
     batch_sizes: list[int] = setting([1, 2, 4, 8], ints_at_least(1, nonempty=True))
     ks: list[int] = same_as(KsStage, "ks", [2, 4])
-    rounds: int = same_as(SpeedStage, "rounds")
     pass_lengths: list[int] = same_as(TimingStage, "pass_lengths")
     timing_repeats: int = same_as(SpeedStage, "timing_repeats", 5)
     timing_warmup: int = same_as(SpeedStage, "timing_warmup", 1)
@@ -455,8 +472,8 @@ class SpeclabConf:
     drafter: Any = MISSING
     k_policy: Any = MISSING
     engine: Any = MISSING
-    mlflow: MlflowConf = field(default_factory=MlflowConf)
-    trust: TrustConf = field(default_factory=TrustConf)
+    mlflow: MlflowConf = section(MlflowConf, volatile=True)  # where a job's run is filed, not what it measures
+    trust: TrustConf = section(TrustConf)
     device: str = setting("auto", matches(DEVICE, "one of auto, cpu, cuda, cuda:N, mps"), doc="auto | cpu | cuda[:N]")
     seed: int = setting(0, int_in(0, MAX_SEED, f"an integer >= 0 and <= {MAX_SEED} (2**63 - 1)"))
     k: int = setting(4, int_at_least(1), doc="proposals per iteration")
@@ -469,15 +486,18 @@ class SpeclabConf:
                          doc="a label for repeated runs of the same config (sweep it for rounds in separate jobs)")
     rotation: int = setting(0, int_at_least(0), doc="offset of the arm order in the speed stage's rotation")
     threads: int = setting(0, int_in(0, MAX_THREADS, f"an integer >= 0 (0 keeps torch's default) and <= {MAX_THREADS} "
-                                                     "(4 per CPU core here)"),
+                                                     "(4 per CPU core here)"), volatile=True,
                            doc="torch intra-op threads; 0 keeps torch's default (1 per job in parallel sweeps)")
-    force: bool = setting(False, doc="rerun a job whose output for this exact config already exists")
-    overwrite_published: bool = setting(False, doc="opens nothing: kept so recorded commands compose; true on a "
-                                                   "published campaign is refused (python -m store.extend adds jobs)")
-    campaign: str = setting("scratch", matches(NAME, f"{NAME_WORDS} (up to 64 characters, no '/')"),
+    force: bool = setting(False, volatile=True, doc="rerun a job whose output for this exact config already exists")
+    overwrite_published: bool = setting(False, volatile=True,
+                                        doc="opens nothing: kept so recorded commands compose; true on a published "
+                                            "campaign is refused (python -m store.extend adds jobs)")
+    # The campaign says where a result is filed, not what it measures: one measurement keeps one hash across campaigns.
+    campaign: str = setting("scratch", matches(NAME, f"{NAME_WORDS} (up to 64 characters, no '/')"), volatile=True,
                             doc="results go to outputs/campaigns/<campaign>/; dvc repro publishes the campaigns in "
                                 "params.yaml")
-    outputs_dir: str = MISSING
+    outputs_dir: str = setting(MISSING, volatile=True,
+                               doc="where campaigns/ is (conf/config.yaml: the repo's outputs/)")
 
 
 STAGE_SCHEMAS = {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage, "divergence": DivergenceStage,
@@ -495,6 +515,7 @@ OPTION_CHECKS: dict[str, Check] = {
     for group, schemas in (("drafter", DRAFTERS), ("k_policy", K_POLICIES), ("engine", ENGINES))}
 CHECKS: dict[str, Check] = checks(SCHEMAS, first=OPTION_CHECKS)
 HASH_NEUTRAL = neutral_table(SCHEMAS)  # the keys a job's config hash leaves out at their neutral value
+VOLATILE = volatile_keys(SCHEMAS)  # the keys (and prefixes) left out of every job's hash and MLflow params
 COST_MODEL_ARM_KEYS = arm_hashed(CostModelKConf)  # pipeline/jobs/inputs.py
 
 

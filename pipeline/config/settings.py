@@ -1,15 +1,17 @@
 """A config key's one home: its schema field carries its default, its check, its hash-neutral value and its doc.
 
 ``setting`` declares a key; ``same_as`` restates a key another schema of the same group declared (the stage
-schemas share one namespace: ``stage.rounds`` of the speed and the batch stage is one key, with one check and
-one neutral value, whatever the default). The tables the rest of the pipeline reads (the checks run before any
-model loads, the keys left out of a job's hash) are walked out of the schemas here, never written by hand.
+schemas share one namespace: ``stage.timing_repeats`` of the speed and the batch stage is one key, with one check
+and one neutral value, whatever the default; stages that run alike share a key by inheriting its field instead,
+as ``stage.rounds``). The tables the rest of the pipeline reads (the checks run before any
+model loads, the keys left out of a job's hash, the keys one engine reads) are walked out of the schemas here,
+never written by hand.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING as NO_DEFAULT
-from dataclasses import Field, field, fields
+from dataclasses import Field, field, fields, is_dataclass
 from typing import Any
 
 from pipeline.config.value_checks import Check
@@ -23,11 +25,13 @@ class _Unset:
 
 NOT_NEUTRAL: Any = _Unset()  # a key that is always part of a job's identity (None is a neutral value, too)
 _OWN_DEFAULT: Any = object()
-_PLAIN = {"check": None, "neutral": NOT_NEUTRAL, "neutral_for": None, "arm_hashed": False, "doc": ""}
+_PLAIN = {"check": None, "neutral": NOT_NEUTRAL, "neutral_for": None, "arm_hashed": False, "volatile": False,
+          "engine": None, "doc": ""}
 
 
 def setting(default: Any, check: Check | None = None, *, neutral: Any = NOT_NEUTRAL,
-            neutral_for: Iterable[str] | None = None, arm_hashed: bool = False, doc: str = "") -> Any:
+            neutral_for: Iterable[str] | None = None, arm_hashed: bool = False, volatile: bool = False,
+            engine: str | None = None, doc: str = "") -> Any:
     """A schema field declaring one config key.
 
     ``check``: the allowed range or choices (``pipeline.config.value_checks``), tested before any model loads.
@@ -35,13 +39,21 @@ def setting(default: Any, check: Check | None = None, *, neutral: Any = NOT_NEUT
     a job's config hash, so those results keep their identity (a key added later must have one).
     ``neutral_for``: the stage names (``stage.name``) it is neutral for, where other stages hashed the key before.
     ``arm_hashed``: a cost-model key that names a job whose arm takes the schema's defaults, when off ``neutral``
-    (``pipeline.jobs.inputs``). ``doc``: what the key means, for a reader of the schema and of ``--cfg job``.
+    (``pipeline.jobs.inputs``). ``volatile``: the key says where or how a job ran, not what it measures: it
+    stays out of every job's hash and MLflow params (``store.identity.measured``). ``engine``: the one engine
+    that reads the key (``pipeline.engines.option_checks`` refuses it set under another); None: every engine.
+    ``doc``: what the key means, for a reader of the schema and of ``--cfg job``.
     """
     meta = {"check": check, "neutral": neutral, "neutral_for": tuple(neutral_for) if neutral_for else None,
-            "arm_hashed": arm_hashed, "doc": doc}
+            "arm_hashed": arm_hashed, "volatile": volatile, "engine": engine, "doc": doc}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def section(schema: type, *, volatile: bool = False) -> Any:
+    """A field holding a nested schema (``mlflow``, ``trust``); ``volatile``: all of its keys (as ``setting``)."""
+    return field(default_factory=schema, metadata={"volatile": volatile})
 
 
 def same_as(owner: type, name: str, default: Any = _OWN_DEFAULT) -> Any:
@@ -59,8 +71,9 @@ def _meta(f: Field) -> dict[str, Any]:
 
 
 def declarations(groups: Mapping[str, Iterable[type]]) -> dict[str, dict[str, Any]]:
-    """Each dotted key's declaration (check, neutral, neutral_for, arm_hashed, doc), over the schemas of each
-    prefix (``stage.``: every stage schema). A key two schemas declare differently is refused here, at import."""
+    """Each dotted key's declaration (check, neutral, neutral_for, arm_hashed, volatile, engine, doc), over the
+    schemas of each prefix (``stage.``: every stage schema). A key two schemas declare differently is refused
+    here, at import."""
     out: dict[str, dict[str, Any]] = {}
     for prefix, schemas in groups.items():
         for schema in schemas:
@@ -87,6 +100,25 @@ def neutral_table(groups: Mapping[str, Iterable[type]]) -> dict[str, Neutral]:
     """The keys that stay out of a job's hash at their neutral value (``store.identity.config_hash``)."""
     return {k: Neutral(m["neutral"], m["neutral_for"]) for k, m in declarations(groups).items()
             if m["neutral"] is not NOT_NEUTRAL}
+
+
+def volatile_keys(groups: Mapping[str, Iterable[type]]) -> tuple[str, ...]:
+    """The keys declared volatile, dotted; a nested schema's as its prefix (``mlflow.``: every key under it), the
+    way ``store.identity.measured`` matches them (by the start of a dotted key)."""
+    out: list[str] = []
+    for prefix, schemas in groups.items():
+        for schema in schemas:
+            for f in fields(schema):
+                if _meta(f)["volatile"]:
+                    nested = f.default_factory is not NO_DEFAULT and is_dataclass(f.default_factory)
+                    key = f"{prefix}{f.name}{'.' if nested else ''}"
+                    out += [key] if key not in out else []
+    return tuple(out)
+
+
+def engine_keys(schemas: Iterable[type], engine: str) -> tuple[str, ...]:
+    """The keys of ``schemas`` (undotted, in declaration order) that only ``engine`` reads."""
+    return tuple(dict.fromkeys(f.name for s in schemas for f in fields(s) if _meta(f)["engine"] == engine))
 
 
 def arm_hashed(schema: type) -> dict[str, Any]:

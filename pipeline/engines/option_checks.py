@@ -8,23 +8,45 @@ speclab's loop. Its speculative configurations are ``engine.arms`` entries, not 
 """
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config.schema import ConfigError, DivergenceStage
-from pipeline.jobs.arms import engine_name
+from pipeline.config.schema import CONF_DIR, LLAMA_CPP, SPECLAB, STAGE_SCHEMAS, ConfigError
+from pipeline.config.settings import engine_keys
 from pipeline.config.stage_options import chosen
+from pipeline.jobs.arms import engine_name
+from store.layout import STAGES
 
-LLAMA = "llama_cpp"
+LLAMA = LLAMA_CPP
 LOOP_ONLY = {"distribution": "it draws the draft's proposals inside the loop",
              "batch": "it runs padded batches of prompts through the loop"}
-RUNS_ON_LLAMA = ("timing", "acceptance", "speed", "divergence", "plan")
+RUNS_ON_LLAMA = tuple(part for part in STAGES if part not in LOOP_ONLY)
 DEFAULT_ARMS = [{"method": "speculative", "drafter": None, "k_policy": None, "ks": None, "tree": None}]
-# speclab's own arm flags (store/legacy_arms.py and the acceptance stage's extra configurations): unset or empty
-# under llama.cpp, whose configurations are engine.arms entries (the plan's arm, {method: recommended} or the
-# recommended flag, it runs)
-SPECLAB_ARM_KEYS = ("drafters", "k_policies", "policy_drafters", "drafter_ks", "peer", "peer_modes", "best_fixed")
-
-PLAN_PRESETS = ("drafters", "k_policies", "policy_drafters", "prefill")
+# The stage keys one engine reads, as the schema declares them (``setting(..., engine=...)``): speclab's own arm
+# flags (store/legacy_arms.py), the acceptance stage's extra configurations, its trees and tree timings and its
+# near-tie threshold; llama.cpp's near-tie threshold. Under another engine each is refused, set off its default, where
+# a part of the job reads it (the plan's arm, {method: recommended} or the recommended flag, llama.cpp runs).
+ENGINE_KEYS = {engine: engine_keys(STAGE_SCHEMAS.values(), engine) for engine in (SPECLAB, LLAMA)}
+# stage=plan presets speclab's drafters and prefills (conf/stage/plan.yaml): its llama.cpp form settles them
+PLAN_PRESETS = tuple(k for k in yaml.safe_load((CONF_DIR / "stage" / "plan.yaml").read_text())
+                     if k in ENGINE_KEYS[SPECLAB])
+# What a refusal says after ``stage.<key>=<value>`` (the others: the key configures speclab's own loop).
+WHY = {
+    "trees": "are speclab's token trees: llama.cpp drafts chains; leave stage.trees out under engine=llama_cpp",
+    "prefill": "times speclab's prefill of the prompt: under engine=llama_cpp timing measures passes after a cached "
+               "prompt only; leave stage.prefill=false",
+    "tree_nodes": "times a tree's 4D-mask pass, which llama.cpp does not run: leave stage.tree_nodes out under "
+                  "engine=llama_cpp",
+    "tie_ulps": "counts units in the last place of speclab's torch logits: under engine=llama_cpp a near-tie is read "
+                "from its top-2 log-probabilities: set stage.tie_nats instead",
+    "tie_nats": "is read only under engine=llama_cpp (its divergences' top-2 log-probabilities); speclab's loop uses "
+                "stage.tie_ulps: leave stage.tie_nats out",
+}
+SPECLAB_LOOP = ("configures speclab's own loop: under engine=llama_cpp leave it out; llama.cpp's configurations are "
+                "engine.arms entries")
 
 
 def _set(value) -> bool:
@@ -32,13 +54,38 @@ def _set(value) -> bool:
     return value is not None and value is not False and value != []
 
 
+def _default(stage: DictConfig, key: str) -> Any:
+    """``key``'s default in the stage's schema (a stage option without one: the first stage schema declaring it)."""
+    typ = OmegaConf.get_type(stage)
+    schemas = [typ] if is_dataclass(typ) else []
+    for schema in [*schemas, *STAGE_SCHEMAS.values()]:
+        for f in fields(schema):
+            if f.name == key:
+                return f.default_factory() if callable(f.default_factory) else f.default
+    return None
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _refuse_keys(cfg: DictConfig, parts: list[str], engine: str, skipped: tuple[str, ...] = ()) -> None:
+    """Refuse a stage key only ``engine`` reads, set off its default where a part of the job reads it."""
+    stage = cfg.stage
+    for key in ENGINE_KEYS[engine]:
+        if key not in stage or key in skipped or not any(key in STAGE_SCHEMAS[p].__dataclass_fields__
+                                                         for p in parts if p in STAGE_SCHEMAS):
+            continue
+        value = _plain(stage[key])
+        if _set(value) and value != _default(stage, key):
+            shown = str(value).lower() if isinstance(value, bool) else value
+            raise ConfigError(f"stage.{key}={shown} {WHY.get(key, SPECLAB_LOOP)}")
+
+
 def check_engine(cfg: DictConfig, parts: list[str]) -> None:
     """Refuse what the job's engine cannot run (ConfigError, one line)."""
     if engine_name(cfg) != LLAMA:
-        tie = OmegaConf.select(cfg, "stage.tie_nats")
-        if tie is not None and float(tie) != DivergenceStage.tie_nats:
-            raise ConfigError(f"stage.tie_nats={tie} is read only under engine=llama_cpp (its divergences' top-2 "
-                              "log-probabilities); speclab's loop uses stage.tie_ulps: leave stage.tie_nats out")
+        _refuse_keys(cfg, parts, LLAMA)
         return
     for part in parts:
         if part in LOOP_ONLY:
@@ -57,29 +104,7 @@ def check_engine(cfg: DictConfig, parts: list[str]) -> None:
         raise ConfigError(f"stage.arms entry {other[0]} is speclab's: llama.cpp's arms are engine.arms (e.g. "
                           "engine.arms=[{},{drafter:ngram-simple,default:true}]); under engine=llama_cpp stage.arms "
                           "takes only its default and {method:recommended}")
-    # stage=plan presets speclab's drafters and prefills (conf/stage/plan.yaml): its llama.cpp form settles them
-    skipped = PLAN_PRESETS if "plan" in parts else ()
-    for key in SPECLAB_ARM_KEYS:
-        if key in stage and _set(stage[key]) and key not in skipped:
-            value = stage[key]
-            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-            raise ConfigError(f"stage.{key}={value} configures speclab's own loop: under engine=llama_cpp leave it "
-                              "out; llama.cpp's configurations are engine.arms entries")
-    if "trees" in stage and _set(stage.trees):
-        raise ConfigError(f"stage.trees={list(stage.trees)} are speclab's token trees: llama.cpp drafts chains; leave "
-                          "stage.trees out under engine=llama_cpp")
-    if "timing" in parts:
-        if "prefill" in stage and stage.prefill and "prefill" not in skipped:
-            raise ConfigError("stage.prefill=true times speclab's prefill of the prompt: under engine=llama_cpp "
-                              "timing measures passes after a cached prompt only; leave stage.prefill=false")
-        if "tree_nodes" in stage and _set(stage.tree_nodes):
-            raise ConfigError(f"stage.tree_nodes={list(stage.tree_nodes)} times a tree's 4D-mask pass, which "
-                              "llama.cpp does not run: leave stage.tree_nodes out under engine=llama_cpp")
-    tie_ulps = OmegaConf.select(cfg, "stage.tie_ulps")
-    if tie_ulps is not None and int(tie_ulps) != DivergenceStage.tie_ulps:
-        raise ConfigError(f"stage.tie_ulps={tie_ulps} counts units in the last place of speclab's torch logits: "
-                          "under engine=llama_cpp a near-tie is read from its top-2 log-probabilities: set "
-                          "stage.tie_nats instead")
+    _refuse_keys(cfg, parts, SPECLAB, PLAN_PRESETS if "plan" in parts else ())
 
 
 def on_llama(ctx) -> bool:

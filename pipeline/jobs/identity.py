@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config.schema import HASH_NEUTRAL
+from pipeline.config.schema import HASH_NEUTRAL, VOLATILE
 from pipeline.jobs.inputs import campaign_dir, job_inputs  # noqa: F401 - campaign_dir: the run's too
 from store import identity, layout
 
@@ -23,13 +23,13 @@ def plain_config(cfg: DictConfig) -> dict[str, Any]:
 
 def run_params(cfg: DictConfig) -> dict[str, Any]:
     """What a job measures, as MLflow params (where and how it ran left out)."""
-    return identity.measured(identity.flatten(plain_config(cfg)))
+    return identity.measured(identity.flatten(plain_config(cfg)), VOLATILE)
 
 
 def config_hash(cfg: DictConfig) -> str:
     """``store.identity.config_hash`` of the job; inputs the job has not frozen yet are resolved now."""
     inputs = None if "inputs" in cfg else job_inputs(cfg)
-    return identity.config_hash(plain_config(cfg), inputs, neutral=HASH_NEUTRAL)
+    return identity.config_hash(plain_config(cfg), inputs, neutral=HASH_NEUTRAL, volatile=VOLATILE)
 
 
 def output_path(cfg: DictConfig, stage: str) -> Path:
