@@ -10,8 +10,8 @@ interrupted extension added are checked and listed (rerunning the same command d
 its jobs, the complete ones skipped).
 
 Every other job into a published campaign is refused before it computes anything, in one line naming the
-campaign, its manifest and this command (``job_may_write``, ``refusal``); a job whose files are all there and
-complete says so and writes nothing. The permit is a token in ``SPECLAB_EXTEND`` that matches the file this
+campaign, its manifest and this command (``job_may_write``, ``check_published_files``, ``refusal``); a job whose
+files are all there and complete says so and writes nothing. The permit is a token in ``SPECLAB_EXTEND`` that matches the file this
 command holds under ``<outputs>/.locks/<campaign>/`` while it runs, so a variable left set in a shell opens
 nothing once the command has ended.
 """
@@ -23,7 +23,7 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -94,6 +94,22 @@ def refusal(outputs_dir: str | Path, campaign: str, part: str, path: Path, overr
         campaign=campaign)
     return StoreError(f"[{part}] campaign {campaign!r} is published ({manifest_path(folder)}): no job writes into "
                       f"it, and this one would add {path.name}; to add it on purpose: {command.rstrip()}")
+
+
+def check_published_files(outputs_dir: str | Path, campaign: str,
+                          files: dict[str, tuple[Path, bool, str | None]],
+                          overrides: Callable[[], list[str] | None]) -> None:
+    """A job's stage files in published ``campaign`` (part -> its path, whether the job would write it anew, why the
+    file there is not a finished result or None): StoreError, one line, for the first one the job would write
+    without ``python -m store.extend`` (``refusal``, naming the job's ``overrides()``), and for one there that does
+    not read as a finished result, which is left alone. Under the extension a job adds files, never replaces one."""
+    may_add = extension_permitted(outputs_dir, campaign)
+    for part, (path, anew, problem) in files.items():
+        if anew and not may_add:
+            raise refusal(outputs_dir, campaign, part, path, overrides())
+        if problem:
+            raise StoreError(f"[{part}] {path} is not a finished result ({problem}): it belongs to published "
+                             f"campaign {campaign!r}, so it is left alone")
 
 
 def _key(override: str) -> str:

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from pipeline.config.schema import register
 from pipeline.jobs.context import build_context
 from pipeline.jobs.errors import error_line
-from pipeline.run import Job
+from pipeline.run import open_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -182,7 +182,7 @@ def _error(tmp_path: Path, overrides: list[str]) -> str:
     """The one-line message a user would see for these overrides (empty when none is raised)."""
     try:
         cfg = _compose(BASE + [f"outputs_dir={tmp_path / 'outputs'}"] + overrides)
-        Job(cfg)
+        open_job(cfg)
         build_context(cfg)
     except Exception as err:  # noqa: BLE001
         line = error_line(err)

@@ -23,7 +23,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-import pipeline.run
+import pipeline.jobs.execute
 from analysis import jobs, sealed
 from analysis.common import run_script
 from pipeline.jobs.errors import error_line
@@ -93,8 +93,8 @@ def copied(tmp_path: Path) -> Path:
 def no_compute(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a job computed (loaded a model) where it should have been refused or complete")
-    monkeypatch.setattr(pipeline.run, "build_context", refuse)
-    monkeypatch.setattr(pipeline.run.Job, "compute", refuse)
+    monkeypatch.setattr(pipeline.jobs.execute, "build_context", refuse)
+    monkeypatch.setattr(pipeline.jobs.execute.Job, "compute", refuse)
 
 
 @pytest.fixture
