@@ -4,7 +4,7 @@ import json
 import math
 
 from pipeline.jobs.verdict import as_records, kind_verdicts, verdict_lines
-from pipeline.stages import ArmResult
+from pipeline.jobs.stage_output import ArmResult
 from pipeline.jobs.summary import RECORD, multirun_summary
 
 NAN = math.nan

@@ -10,7 +10,7 @@ import pytest
 from analysis.answer import Answer
 from pipeline.jobs.published import comparison_lines, published_best
 from pipeline.recheck import RecheckError, command, entry_of, hydra_value, pair_of, published_arms
-from pipeline.stages import ArmResult
+from pipeline.jobs.stage_output import ArmResult
 from speclab.specs.arms import Arm
 from speclab.stats.verdict import agreement
 

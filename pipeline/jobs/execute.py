@@ -69,7 +69,7 @@ class Job:
         self.parts, self.prompts, self.stage_module = parts, prompts, stage_module
         set_threads(cfg)  # before the runs' machine tags are taken
         freeze(cfg)  # the plan and other files the job reads: one for all its hashes and its stage
-        self.runs = JobRuns(cfg)
+        self.runs = JobRuns(cfg, stage_module)
         self.ctx: StageContext | None = None
 
     def pending(self) -> list[str]:

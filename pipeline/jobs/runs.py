@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -15,7 +16,7 @@ from omegaconf import DictConfig
 from pipeline.jobs.verdict import as_records, conclude
 from pipeline.jobs.identity import run_identity, run_params
 from pipeline.tracking.redact import redact
-from pipeline.stages import ArmResult, StageOutput, stage_module
+from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.jobs.run_names import arm_run_name, grouped_metrics, prompt_set, run_name, shown_metrics
 from pipeline.jobs.summary import JOB_METRICS, SWEEP_METRICS, headline, job_metrics, write_job_record
 from pipeline.jobs.trust import OK, description_line, run_trust
@@ -41,8 +42,8 @@ def format_tags(prompt_format: dict | None) -> dict[str, str]:
 class JobRuns:
     """The tracking side of one job: what its runs carry (tags, params, config) and how each ends."""
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: DictConfig, stage_module: Callable[[str], ModuleType]) -> None:
+        self.cfg, self.stage_module = cfg, stage_module  # a stage's module by name: the stages sit a floor above
         self.tracker = Tracker.for_config(cfg)
         self.params, self.config = run_params(cfg), resolved_config(cfg)
         self.records: list[dict] = []  # one per stage: how it ended, its file and headline numbers
@@ -73,7 +74,7 @@ class JobRuns:
         if self._parent is None and self.tracker.enabled and not self._own_parent:
             self._own_parent = True
             stage = str(self.cfg.stage.name)  # a stage option named like a part is described like it
-            own = stage_module(stage).describe(self.cfg) if stage in STAGES else run_name(self.cfg, stage)
+            own = self.stage_module(stage).describe(self.cfg) if stage in STAGES else run_name(self.cfg, stage)
             name = own.replace(f" · {stage} · ", f" · {stage} job · ", 1)  # what varies stays first
             self._parent = self.tracker.start(name,
                                               {"stage": "job", "campaign": str(self.cfg.campaign)},
@@ -91,7 +92,7 @@ class JobRuns:
     @contextmanager
     def stage_run(self, part: str) -> Iterator[str | None]:
         """The stage's run, open while the block computes (``Tracker.open_run``)."""
-        with self.tracker.open_run(stage_module(part).describe(self.cfg), run_identity(self.cfg, part),
+        with self.tracker.open_run(self.stage_module(part).describe(self.cfg), run_identity(self.cfg, part),
                                    self.file_tags(), self.params, self.parent()) as run_id:
             yield run_id
 
@@ -120,7 +121,7 @@ class JobRuns:
 
     def log_from_file(self, part: str, path: Path) -> None:
         """The Parquet was written but its MLflow run never finished: log the run from the file."""
-        module = stage_module(part)
+        module = self.stage_module(part)
         out = module.summarize(pd.read_parquet(path), self.cfg)
         meta = read_meta(path)
         tags = {**self.file_tags(), "mlflow.source.git.commit": str(meta.get("git_commit") or "unknown"),

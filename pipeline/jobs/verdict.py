@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.stages import ArmResult, StageOutput, stage_module
+from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.jobs.arms import engine_name
 from pipeline.jobs.published import comparison_lines, read_published
 from pipeline.jobs.trust import run_trust
@@ -92,7 +92,7 @@ def conclude(runs: Any, cfg: DictConfig, part: str, path: Path, status: str, out
         runs.record(part, status, path)
         return []
     if out is None:
-        out = stage_module(part).summarize(pd.read_parquet(path), cfg)
+        out = runs.stage_module(part).summarize(pd.read_parquet(path), cfg)
     trust = (run_trust(out.rows) or ("", ""))[0]
     verdicts = kind_verdicts(out.arms) if part == "speed" else []
     runs.record(part, status, path, out.metrics, trust, verdicts)

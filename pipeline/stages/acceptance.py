@@ -15,7 +15,7 @@ from pipeline.stages.plan_sample import grow_sample, grows
 from pipeline.engines.tree_drafter import job_tree_drafter
 from speclab.specs.tree_shapes import is_tree, parse_tree
 from store.records import make_schema
-from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
+from pipeline.jobs.stage_output import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.shared import IDENTITY_FIELDS, identity
 from pipeline.jobs.context import generator, sampling_config, stage_ks
 from pipeline.jobs.run_names import ks_label, run_name

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from pipeline.jobs.context import StageContext
 from store.records import make_schema
-from pipeline.stages import ArmResult, StageOutput
+from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, rotated, INTERVAL_NOTE, min_runs, speedup_metrics, speedup_text
 from pipeline.jobs.context import generator, memory_columns, sampling_config
 from pipeline.jobs.run_names import run_name

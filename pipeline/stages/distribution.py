@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from pipeline.jobs.context import StageContext
 from store.records import make_schema
-from pipeline.stages import ArmResult, StageOutput
+from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, identity
 from pipeline.jobs.run_names import run_name
 from pipeline.jobs.context import sampling_config

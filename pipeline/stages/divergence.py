@@ -12,7 +12,7 @@ from tqdm import tqdm
 from pipeline.jobs.context import StageContext
 from pipeline.engines.option_checks import on_llama
 from store.records import make_schema
-from pipeline.stages import ArmResult, StageOutput
+from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, identity
 from pipeline.jobs.run_names import ks_label, run_name
 from pipeline.jobs.context import stage_ks

@@ -15,7 +15,7 @@ from speclab.engines.llama_cpp.arms import pasted_flags
 from speclab.specs.arms import Arm
 from speclab.costs.planning import recommend
 from speclab.stats.intervals import prediction_size_needed
-from pipeline.stages import ArmResult, StageOutput
+from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, identity
 from pipeline.jobs.run_names import run_name
 from pipeline.stages.plan_sample import engine_name, kinds_settled, predictions, stop_reason, this_job

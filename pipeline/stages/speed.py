@@ -16,7 +16,7 @@ from pipeline.jobs.context import StageContext
 from pipeline.engines.speclab_runner import BLOCK_STEP_FIELDS, SpeclabRunner
 from pipeline.jobs.arms import engine_name, stage_entries
 from pipeline.jobs.inputs import latest_plan_file
-from pipeline.stages import ArmResult, StageOutput, by_kind, single_arm_metrics
+from pipeline.jobs.stage_output import ArmResult, StageOutput, by_kind, single_arm_metrics
 from pipeline.stages.speed_race import FIXED, Race
 from pipeline.stages.shared import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, rotated, DEFAULT_LEVEL, min_runs, speedup_metrics, speedup_text
 from pipeline.jobs.context import generator, sampling_config, stage_ks

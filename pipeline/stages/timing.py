@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from pipeline.jobs.context import StageContext
 from pipeline.engines.option_checks import on_llama
 from store.records import make_schema
-from pipeline.stages import StageOutput
+from pipeline.jobs.stage_output import StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity
 from pipeline.jobs.context import memory_columns
 from pipeline.jobs.run_names import run_name
