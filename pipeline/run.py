@@ -39,6 +39,7 @@ from pipeline.jobs.results import hydra_overrides, now, provenance, write_result
 from pipeline.jobs.shape_checks import check_shapes  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from pipeline.config.stage_options import check_used  # noqa: E402
+from pipeline.config.strategy_config import declare_drafters  # noqa: E402
 from pipeline.jobs.sweep import end_open_parent, summary_after_failure
 from pipeline.jobs.trust import LoadSampler, check_job  # noqa: E402
 from pipeline.jobs.workers import dies_with_sweep  # noqa: E402
@@ -92,6 +93,7 @@ class Job:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.parts, self.prompts = validate(cfg)
+        declare_drafters(cfg)  # what the time model asks of each drafter, from its class
         set_threads(cfg)  # before the runs' machine tags are taken
         freeze(cfg)  # the plan and other files the job reads: one for all its hashes and its stage
         self.runs = JobRuns(cfg)
