@@ -145,9 +145,12 @@ def test_a_new_drafter_option_file_is_checked_and_built(tmp_path, monkeypatch, t
     schema.check_config(cfg, STAGES)
     drafter = make_drafter(drafter_conf(cfg), tiny_pair[1])
     assert isinstance(drafter, EveryOtherToken) and drafter.gap == 3
+    # Its file need not be in conf/: Hydra found it (any folder on its search path, tests/test_toy_drafter.py).
+    monkeypatch.setattr(schema, "CONF_DIR", Path(CONF))
+    schema.check_config(cfg, STAGES)
+    # A shipped option's schema under another name is no option.
     with pytest.raises(schema.ConfigError, match="drafter.name='every_other' is not allowed"):
-        monkeypatch.setattr(schema, "CONF_DIR", Path(CONF))
-        schema.check_config(cfg, STAGES)
+        schema.check_config(make_cfg(tmp_path, "drafter.name=every_other"), STAGES)
 
 
 @pytest.mark.parametrize("overrides", [[], ["k_policy=cost_model", "drafter=hybrid"], ["stage=plan", "k_policy=heuristic"]])

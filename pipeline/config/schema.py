@@ -610,12 +610,39 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
+# The keys that name drafter options, where the job's own option (``own_drafter``) is one.
+OWN_DRAFTER_KEYS = ("drafter.name", "stage.drafters", "stage.policy_drafters", "stage.arms")
+
+
+def _without_own(value: Any, own: str) -> Any:
+    """A drafter key's value with the job's own option left out (an arm entry naming it: the job's drafter, null)."""
+    if value == own:
+        return _ABSENT
+    if not isinstance(value, (list, ListConfig)):
+        return value
+    plain = [_plain(v) for v in value]
+    return [{**v, "drafter": None} if isinstance(v, dict) and v.get("drafter") == own else v
+            for v in plain if v != own]
+
+
+def own_drafter(cfg: DictConfig) -> str | None:
+    """The name of the job's drafter option where it is a user's option file without a schema (anywhere on Hydra's
+    search path: Hydra found the file when it composed ``drafter=NAME``), else None."""
+    node = cfg.get("drafter")
+    if not isinstance(node, DictConfig) or OmegaConf.get_type(node) in DRAFTERS.values() or "name" not in node:
+        return None
+    return str(node.name)
+
+
 def check_config(cfg: DictConfig, stages: tuple[str, ...]) -> None:
     """Raise ConfigError (one line) for a key the schema does not know, or the first value outside its allowed
     range or choices."""
     check_keys(cfg)
+    own = own_drafter(cfg)
     for key, (ok, allowed) in CHECKS.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if own is not None and key in OWN_DRAFTER_KEYS and value is not _ABSENT:
+            value = _without_own(value, own)
         if value is not _ABSENT and not ok(value):
             raise ConfigError(f"{key}={_plain(value)!r} is not allowed: use {allowed}")
     parts = list(cfg.stage.parts)

@@ -1,7 +1,9 @@
 """Strategies from config: each drafter and k-policy option names its class in ``_target_``
 (pipeline/config/schema.py) and Hydra's ``instantiate`` builds it, so no code here knows an option by
 name. An extra arm (``stage.drafters``, ``stage.k_policies``, a plan's recommendation) names another
-option than the job's; it takes that option's schema defaults."""
+option than the job's; it takes that option's schema defaults. What the pipeline must know of a drafter (does it run
+the draft model, look up n-grams, can the replay reproduce it) is asked of its class (speclab/decoding/drafters.py
+Drafter), so a new drafter is its class and its option file, nothing else."""
 from __future__ import annotations
 
 import torch
@@ -9,8 +11,10 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.schema import DRAFTERS, K_POLICIES
-from speclab.decoding.drafters import Drafter
+from speclab.decoding.drafters import Drafter, declared
 from speclab.drafting.strategy import PolicySpec, drafts_with_model
+from speclab.specs.arms import declare_drafter
+from speclab.specs.tree_shapes import is_tree
 
 
 def drafter_conf(cfg: DictConfig, name: str | None = None) -> DictConfig:
@@ -29,9 +33,29 @@ def policy_conf(cfg: DictConfig, name: str | None = None) -> DictConfig:
     return own if name is None or name == own.name else OmegaConf.structured(K_POLICIES[name])
 
 
+def drafter_class(conf: DictConfig) -> type:
+    """The class a drafter option names (its ``_target_``)."""
+    return get_class(str(conf._target_))
+
+
+def job_drafters(cfg: DictConfig) -> list[str]:
+    """The drafter options a job runs (its own, ``stage.drafters``, ``stage.policy_drafters``; trees aside)."""
+    st = cfg.stage
+    names = [str(cfg.drafter.name), *(st.get("drafters") or []), *(st.get("policy_drafters") or [])]
+    return [str(n) for n in dict.fromkeys(names) if not is_tree(str(n))]
+
+
+def declare_drafters(cfg: DictConfig) -> None:
+    """Each drafter option of the job says what its class declares (speclab.specs.arms.declare_drafter): whether it
+    runs the draft model (its constructor takes one) and whether it looks up n-grams every iteration."""
+    for name in job_drafters(cfg):
+        cls = drafter_class(drafter_conf(cfg, name))
+        declare_drafter(name, drafts_with_model(cls), declared(cls, "looks_up"))
+
+
 def make_drafter(conf: DictConfig, draft_model: torch.nn.Module) -> Drafter:
     """A new drafter of this option; the pair's draft model goes to a class whose constructor takes one."""
-    model = {"model": draft_model} if drafts_with_model(get_class(conf._target_)) else {}
+    model = {"model": draft_model} if drafts_with_model(drafter_class(conf)) else {}
     return instantiate({key: value for key, value in conf.items() if key != "name"}, **model)
 
 

@@ -36,6 +36,7 @@ class StageContext:
     runner: Any = None  # the engine that runs the arms (pipeline/engines/speclab_runner.py, pipeline/engines/llama_runner.py)
     make_inputs: Callable[[list[Prompt]], PromptInputs] | None = None  # more prompts' contexts, as the first were made
     started: float = field(default_factory=time.monotonic)  # when the job began loading its models (pipeline.run)
+    said: set[str] = field(default_factory=set)  # lines a stage says once a job (a plan's growing sample comes back)
 
     def add_prompts(self, prompts: list[Prompt]) -> None:
         """Prompts joining the job after its start (a plan's growing sample): their contexts made and checked like the

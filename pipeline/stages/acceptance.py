@@ -2,6 +2,7 @@
 Same concept, other floor: ``speclab/decoding/acceptance.py``."""
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -9,6 +10,7 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from pipeline.config.strategy_config import drafter_class, drafter_conf
 from pipeline.jobs.context import StageContext, job_k_max
 from pipeline.engines.option_checks import on_llama
 from pipeline.stages.plan_sample import grow_sample, grows
@@ -23,7 +25,7 @@ from speclab.decoding.acceptance import alpha_hat
 from speclab.specs.arms import Arm
 from speclab.costs.cost_model import expected_tokens_per_iteration
 from speclab.decoding.loop import speculative_generate
-from speclab.drafting.replay import Replay
+from speclab.drafting.replay import Replay, replayable
 from speclab.drafting.replay_check import differences, loop_iterations
 from speclab.drafting.replay_reference import greedy_reference
 from speclab.trees.tree_loop import tree_generate
@@ -45,6 +47,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     # pass checked, and the mean width of its draft model's calls after the first (a chain's: 1).
     ("tree_nodes", "float64"), ("draft_call_width", "float64"),
 ])
+log = logging.getLogger("speclab")
 TIME_COLUMNS = ["draft_s", "verify_s", "rollback_s", "total_s", "prefill_s", "wall_s"]
 
 
@@ -93,13 +96,22 @@ def replays(cfg: DictConfig, sampling) -> bool:
 def measured_configurations(cfg: DictConfig, confs: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
     """The configurations every prompt runs for real when the others are replayed: one per drafter (the
     job's policy at the job's k where the job runs it, else that drafter's first), so each drafter's
-    in-loop costs (a lookup, a catch-up) are timed for a time model, and each checks the replay."""
+    in-loop costs (a lookup, a catch-up) are timed for a time model, and each checks the replay; and every
+    configuration of a drafter the replay cannot reproduce (``unreplayable``)."""
     policy, k = str(cfg.k_policy.name), int(cfg.k)
+    loop_only = set(unreplayable(cfg, confs))
     out = []
     for d in dict.fromkeys(c[0] for c in confs):
         mine = [c for c in confs if c[0] == d]
-        out.append((d, policy, k) if (d, policy, k) in mine else mine[0])
+        out += mine if d in loop_only else [(d, policy, k) if (d, policy, k) in mine else mine[0]]
     return out
+
+
+def unreplayable(cfg: DictConfig, confs: list[tuple[str, str, int]]) -> list[str]:
+    """The chain drafters of ``confs`` whose class declares no way to replay them (``Drafter.replay_as``): the
+    replay runs the loop for them instead."""
+    return [d for d in dict.fromkeys(c[0] for c in confs)
+            if not is_tree(d) and not replayable(drafter_class(drafter_conf(cfg, d)))]
 
 
 def run(ctx: StageContext) -> StageOutput:
@@ -122,6 +134,13 @@ def rows_of(ctx: StageContext, prompts: list) -> list[dict]:
     confs = configurations(cfg)
     replay_on = replays(cfg, sampling)
     real = measured_configurations(cfg, confs) if replay_on else confs
+    loop_only = set(unreplayable(cfg, confs)) if replay_on else set()
+    line = (f"acceptance: the replay cannot reproduce drafter {', '.join(sorted(loop_only))} (its class declares "
+            "no replay_as): its configurations run the loop")
+    if loop_only and line not in ctx.said:  # once a job (a plan's growing sample comes back here)
+        ctx.said.add(line)
+        log.info(line)
+    replay_on = replay_on and any(c[0] not in loop_only and not is_tree(c[0]) for c in confs)  # any to replay
     refs = {}
     if replay_on:  # one plain generation and one stepwise draft pass per prompt
         for prompt in tqdm(prompts, desc="acceptance: greedy references for the replay", leave=False):
@@ -147,7 +166,8 @@ def rows_of(ctx: StageContext, prompts: list) -> list[dict]:
             res = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy, sampling=sampling,
                                        eos_token_id=pair.eos_token_id, generator=gen, merge_prefill=merged)
             agrees = [float("nan")] * len(res.iterations)
-            if replay_on:  # the same configuration replayed: where it differs (an fp near-tie), it is counted
+            # The same configuration replayed: where it differs (an fp near-tie), it is counted.
+            if replay_on and drafter_name not in loop_only:
                 fresh = ctx.strategy(k, drafter_name, policy_name)  # a policy's state starts anew
                 agrees = iteration_agreement(refs[prompt.id].replay(fresh.drafter, fresh.policy, merged), res.iterations)
             rows += loop_rows(res, common, agrees)

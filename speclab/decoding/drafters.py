@@ -1,7 +1,7 @@
 """Drafters propose tokens for the target to verify, for every row of a batch (one row at batch 1)."""
 from __future__ import annotations
 
-from typing import Hashable, Protocol
+from typing import Any, Hashable, Protocol
 
 import torch
 
@@ -34,12 +34,22 @@ class Drafter(Protocol):
     will rest on (``PromptLookupDrafter``: the matched n-gram's length), for a policy with ``condition``.
     ``last_fed`` / ``last_calls`` / ``last_dummies``: the draft model's first-call width, its number of
     forward calls and the masked dummy slots it ran in the last ``propose_rows`` (0 without a model).
+
+    What the pipeline asks of a drafter class, each with a default a new class may keep (``declared``): whether it
+    runs the pair's draft model (its constructor takes a ``model``: it gets the pair's draft model and pays for its
+    proposals; ``speclab.drafting.strategy.drafts_with_model``), ``looks_up`` (it searches the text for n-grams every
+    iteration, a cost the time model charges; default False) and ``replay_as`` (how the greedy replay,
+    ``speclab.drafting.replay``, reproduces its proposals: ``"model"``, ``"prompt_lookup"`` (read from its
+    ``max_ngram``, ``min_ngram``) or ``"hybrid"`` (its ``lookup`` and ``min_match``), only where its proposals are
+    those; default None: the replay cannot, and the acceptance stage runs the loop for it instead).
     """
 
-    labelled: bool
-    last_fed: int
-    last_calls: int
-    last_dummies: int
+    labelled: bool = False
+    last_fed: int = 0
+    last_calls: int = 0
+    last_dummies: int = 0
+    looks_up: bool = False
+    replay_as: str | None = None
 
     def start_rows(self, seq: torch.Tensor, n_ctx: torch.Tensor, n_ctx_h: list[int]) -> None:
         """Begin; row b's ``seq[b, :n_ctx[b]]`` may be pre-processed (prefill)."""
@@ -74,6 +84,8 @@ class ModelDrafter:
     """
 
     labelled = False
+    looks_up = False
+    replay_as = "model"
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -193,6 +205,12 @@ class OneRow:
         return []
 
 
+def declared(drafter: object, name: str) -> Any:
+    """What a drafter (a class or an instance) declares for the pipeline (``Drafter``: ``looks_up``, ``replay_as``),
+    or the declaration's default where it says nothing."""
+    return getattr(drafter, name, getattr(Drafter, name))
+
+
 def row_drafter(drafter: object) -> Drafter:
     """A drafter in the row interface: a draft model becomes a ``ModelDrafter``, a one-row drafter a ``OneRow``."""
     if isinstance(drafter, torch.nn.Module):
@@ -219,6 +237,8 @@ class PromptLookupDrafter:
 
     last_fed = last_calls = last_dummies = 0  # no model runs
     labelled = True
+    looks_up = True
+    replay_as = "prompt_lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -327,6 +347,8 @@ class HybridDrafter:
 
     MODEL = "model"
     labelled = True
+    looks_up = True
+    replay_as = "hybrid"
 
     def __init__(self, model: torch.nn.Module, max_ngram: int = 3, min_ngram: int = 1, min_match: int = 1) -> None:
         if min_match < 1:

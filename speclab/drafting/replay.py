@@ -21,7 +21,7 @@ import torch
 
 from speclab.decoding.acceptance import checked_proposals
 from speclab.decoding.checks import eos_ids
-from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter, continuation, lookup_match
+from speclab.decoding.drafters import HybridDrafter, PromptLookupDrafter, continuation, declared, lookup_match
 from speclab.decoding.k_policy import KPolicy, RowPolicies
 from speclab.decoding.rows import check_budget
 from speclab.costs.time_model import Trace
@@ -55,17 +55,29 @@ class ReplayDrafter:
 
     @classmethod
     def of(cls, drafter: object) -> "ReplayDrafter":
-        """The replay's description of a loop drafter (a draft model counts as a ModelDrafter)."""
+        """The replay's description of a loop drafter, as its class declares it (``replay_as``; a draft model
+        counts as a ModelDrafter); ``NotReplayable`` for a drafter that declares none."""
         if isinstance(drafter, ReplayDrafter):
             return drafter
-        if isinstance(drafter, (torch.nn.Module, ModelDrafter)):
+        kind = MODEL if isinstance(drafter, torch.nn.Module) else declared(drafter, "replay_as")
+        if kind == MODEL:
             return cls(MODEL)
-        if isinstance(drafter, HybridDrafter):
+        if kind == HYBRID:
             return cls(HYBRID, drafter.lookup.max_ngram, drafter.lookup.min_ngram, drafter.min_match)
-        if isinstance(drafter, PromptLookupDrafter):
+        if kind == LOOKUP:
             return cls(LOOKUP, drafter.max_ngram, drafter.min_ngram)
-        raise ValueError(f"drafter of type {type(drafter).__name__} cannot be replayed: use a draft model, "
-                         "ModelDrafter, PromptLookupDrafter, HybridDrafter or a ReplayDrafter")
+        raise NotReplayable(f"drafter of type {type(drafter).__name__} cannot be replayed (its class declares no "
+                            f"replay_as, or {kind!r}: use {MODEL!r}, {LOOKUP!r} or {HYBRID!r}): run the loop for it")
+
+
+class NotReplayable(ValueError):
+    """A drafter whose proposals the replay cannot reproduce (its class declares no ``replay_as``)."""
+
+
+def replayable(drafter: object) -> bool:
+    """Whether the greedy replay reproduces this drafter's (a class's or an instance's) proposals."""
+    return isinstance(drafter, (ReplayDrafter, torch.nn.Module)) or declared(drafter, "replay_as") in (MODEL, LOOKUP,
+                                                                                                      HYBRID)
 
 
 @dataclass(frozen=True)

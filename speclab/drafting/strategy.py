@@ -3,8 +3,9 @@
 Config builds one without a switch on names (the pipeline calls Hydra's ``instantiate`` on each option's
 ``_target_``): a drafter option names a drafter class (speclab.decoding.drafters), a k-policy option one of the
 policy specs below, which turn the option's settings into a policy for one run. Adding a drafter is
-one class and one option file; a drafter whose constructor takes a ``model`` gets the pair's draft
-model and pays for its proposals, one without makes them for free (prompt lookup).
+two files, its class and its option file; a drafter whose constructor takes a ``model`` gets the pair's draft
+model and pays for its proposals, one without makes them for free (prompt lookup). What else the pipeline asks of
+a drafter, its class declares (speclab.decoding.drafters.Drafter: ``looks_up``, ``replay_as``).
 
 The specs' defaults are the policies' constructor defaults, and the config schema reads its defaults
 from the specs and the drafter classes (``default_of``): one source for both.

@@ -48,8 +48,12 @@ PEER_METHODS = {m.peer_mode: name for name, m in METHODS.items() if m.peer_mode}
 ENGINE_NAMES = {"speclab": "speclab", "llama_cpp": "llama.cpp"}
 DRAFTER_NAMES = {"model": "draft model", "prompt_lookup": "prompt lookup", "hybrid": "hybrid"}
 POLICY_NAMES = {"cost_model": "cost-model k", "heuristic": "heuristic k"}
-# The drafter options that run the pair's draft model (prompt lookup's proposals are n-grams of the text).
-MODEL_DRAFTERS = ("model", "hybrid")
+# What each drafter option's class declares (speclab/decoding/drafters.py Drafter): whether it runs the pair's draft
+# model and whether it looks up n-grams of the text every iteration. A job declares its own options here from their
+# classes (pipeline/config/strategy_config.py declare_drafters); the shipped options stand here too, for stored rows
+# read with no config at hand (tests/test_toy_drafter.py checks their classes say the same).
+DRAFTER_PARTS: dict[str, tuple[bool, bool]] = {"model": (True, False), "prompt_lookup": (False, True),
+                                               "hybrid": (True, True)}
 
 
 @dataclass(frozen=True)
@@ -136,18 +140,24 @@ class Arm:
                          *([self.drafter] if self.drafter not in ("model", NONE) else []), kind])
 
 
+def declare_drafter(name: str, runs_model: bool, looks_up: bool) -> None:
+    """A drafter option's class says whether it runs the pair's draft model and whether it looks up n-grams."""
+    DRAFTER_PARTS[name] = (bool(runs_model), bool(looks_up))
+
+
 def drafter_runs_model(drafter: str) -> bool:
-    """Whether a drafter (a name or a ``tree:`` spec) runs the pair's draft model."""
+    """Whether a drafter (an option's name or a ``tree:`` spec) runs the pair's draft model (an option no job
+    declared: no)."""
     if is_tree(drafter):
         return FAMILIES[parse_tree(drafter).family].uses_model
-    return drafter in MODEL_DRAFTERS
+    return DRAFTER_PARTS.get(drafter, (False, False))[0]
 
 
 def drafter_looks_up(drafter: str) -> bool:
-    """Whether a drafter looks up n-grams of the text every iteration."""
+    """Whether a drafter looks up n-grams of the text every iteration (an option no job declared: no)."""
     if is_tree(drafter):
         return parse_tree(drafter).family == "lookup"
-    return drafter in ("prompt_lookup", "hybrid")
+    return DRAFTER_PARTS.get(drafter, (False, False))[1]
 
 
 PLAIN = Arm("plain")
