@@ -1,4 +1,5 @@
-"""Stage acceptance: the greedy (or sampling) loop over every prompt at k; one row per iteration."""
+"""Stage acceptance: every configuration of the job on every prompt, as its engine runs it (``Engine.acceptance_runs``):
+one row per iteration of a loop that counts them (speclab's), else one row per request (drafted, accepted)."""
 from __future__ import annotations
 
 import time
