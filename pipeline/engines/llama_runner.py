@@ -1,5 +1,7 @@
-"""llama.cpp as the engine of a job: its servers started on the pair's GGUF files, the speed stage's arms run as
-requests, its costs timed as its own passes (speclab/engines/llama_cpp/engine.py).
+"""llama.cpp as the engine of a job: its servers started on the pair's GGUF files, the stages' requests answered by
+them, its costs timed as its own passes (speclab/engines/llama_cpp/engine.py). It answers the engine seam
+(pipeline/engines/base.py ``Engine``): one row per request in acceptance (the server's counters), the top-2
+probabilities of its own passes for divergence, and refusals of what only speclab's loop runs (``check``).
 
 The pair's target must be a GGUF model (a packaged model name or a ``.gguf`` path): llama.cpp runs the file as
 shipped (SmolLM2 Q4_1, the Qwen pair Q4_K_M). Its draft is ``engine.draft_model`` when set, else the pair's
@@ -16,14 +18,40 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.config.schema import SPECLAB, ConfigError
+from pipeline.config.stage_options import chosen
+from pipeline.engines.option_checks import LOOP_ONLY, PLAN_PRESETS, refuse_engine_keys
+from pipeline.engines.base import Engine, RequestResult, RunResult, StepTimes, TimedPass, loop_columns, timing_of
 from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm
 from speclab.engines.llama_cpp import arms as llama_arms
 from speclab.engines.llama_cpp.engine import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
                                        sampling_payload, top_probs as position_probs)
 from speclab.models.gguf_header import read_metadata
+from store.layout import STAGES
 
 log = logging.getLogger("speclab")
 EXTENSION_TOKENS = 16  # the tokens a timed pass may add after the prompt (k + 1 <= 16)
+RUNS_ON_LLAMA = tuple(part for part in STAGES if part not in LOOP_ONLY)
+DEFAULT_ARMS = [{"method": "speculative", "drafter": None, "k_policy": None, "ks": None, "tree": None}]
+
+
+def check_options(cfg: DictConfig, parts: list[str]) -> None:
+    """Refuse what llama.cpp cannot run (ConfigError, one line): speclab's own drafters, k policies, arms, trees,
+    prefill timing and tie_ulps (its stage parts are ``LlamaRunner.stage_parts``, checked before)."""
+    for group, text in chosen(cfg).items():
+        if group in ("drafter", "k_policy"):
+            default = "drafter=model" if group == "drafter" else "k_policy=fixed"
+            raise ConfigError(f"{text} is speclab's own {group.replace('_', ' ')}: under engine=llama_cpp the job "
+                              f"keeps {default} and llama.cpp's configurations are engine.arms entries "
+                              "(drafter: model or an n-gram type, ks, settings)")
+    stage = cfg.stage
+    arms = OmegaConf.to_container(stage.arms, resolve=True) if "arms" in stage else []
+    other = [a for a in arms if a != DEFAULT_ARMS[0] and a != {**DEFAULT_ARMS[0], "method": "recommended"}]
+    if other:
+        raise ConfigError(f"stage.arms entry {other[0]} is speclab's: llama.cpp's arms are engine.arms (e.g. "
+                          "engine.arms=[{},{drafter:ngram-simple,default:true}]); under engine=llama_cpp stage.arms "
+                          "takes only its default and {method:recommended}")
+    refuse_engine_keys(cfg, parts, SPECLAB, PLAN_PRESETS if "plan" in parts else ())
 
 
 def find_binary(binary: str) -> str:
@@ -85,22 +113,21 @@ def expand_arms(entries: list[Any], ks: list[int]) -> list[Arm]:
     return list(dict.fromkeys(out))
 
 
-def breakdown(run: EngineRun, spec: bool) -> dict[str, Any]:
-    """The speed row's loop columns from what the server counts: acceptance = accepted / drafted; iterations =
-    target passes after the prompt (each yields one token besides the accepted ones). llama.cpp does not time its
-    iterations' parts, so their per-iteration times are left empty (NaN)."""
-    n = len(run.tokens)
-    iters = run.iterations if spec else n
-    nan = float("nan")
-    return {"acceptance_rate": run.accepted / run.drafted if spec and run.drafted else nan,
-            "tokens_per_pass": n / iters if iters else nan, "iterations": iters,
-            "mean_k": run.drafted / iters if spec and iters else nan, "merged_prefill": False, "tree_nodes": 0.0,
-            "checked_by_depth": "", "accepted_by_depth": "", "draft_calls_by_width": "", "passes_by_width": "",
-            "loop_new_tokens": n, **{f"{p}_s_per_iter": nan for p in ("draft", "verify", "rollback", "bookkeeping")}}
+def breakdown(run: EngineRun | RequestResult, spec: bool) -> dict[str, Any]:
+    """The speed row's loop columns from what the server counts (``loop_columns``): acceptance = accepted / drafted;
+    iterations = target passes after the prompt; llama.cpp does not time its iterations' parts (NaN)."""
+    return loop_columns(run, spec)
 
 
-class LlamaRunner:
+def result_of(run: EngineRun, probs: bool) -> RequestResult:
+    """A server's answer as the seam's request result (no per-position counts: the server does not report them)."""
+    return RequestResult(run.tokens, run.wall_s, run.prompt_s, run.decode_s, drafted=run.drafted,
+                         accepted=run.accepted, top_probs=run.top_probs if probs else None)
+
+
+class LlamaRunner(Engine):
     name = "llama_cpp"
+    stage_parts = RUNS_ON_LLAMA
 
     def __init__(self, name: str = "llama_cpp", binary: str = "", threads: int = 2, ctx_size: int = 2048,
                  cache_prompt: bool = False, port: int = 0, startup_timeout_s: float = 180.0, draft_model: str = "",
@@ -154,6 +181,21 @@ class LlamaRunner:
     def weights(self, cfg: DictConfig) -> str:
         return self._weights
 
+    def draft_name(self, cfg: DictConfig) -> str:
+        return self.draft_label
+
+    def compute_threads(self) -> int | None:
+        return self.settings.get("threads") or None  # the servers' (-t)
+
+    @classmethod
+    def check(cls, cfg: DictConfig, parts: list[str]) -> None:
+        check_options(cfg, parts)
+
+    @classmethod
+    def arm_text(cls, arm: Arm) -> str:
+        """The flags a user adds to their llama-server command."""
+        return llama_arms.pasted_flags(arm)
+
     # -- the speed stage's questions ------------------------------------------------------------------------------
     def arms(self, ctx, ks: list[int]) -> list[Arm]:
         """``engine.arms``, then the plan's choice where ``stage.arms`` asks for it ({method: recommended})."""
@@ -170,15 +212,21 @@ class LlamaRunner:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen)) if gen is not None and s.do_sample else 0
         return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p), seed)
 
-    def request(self, ctx, arm: Arm, ids: torch.Tensor, gen=None, n_probs: int = 0) -> EngineRun:
-        return self.engine.generate(arm, ids[0].tolist(), int(ctx.cfg.max_new_tokens), self.sampling(ctx.cfg, gen),
-                                    n_probs)
+    def request(self, ctx, arm: Arm, ids: torch.Tensor, gen=None, n_probs: int = 0,
+                greedy: bool = False) -> RequestResult:
+        sampling = sampling_payload(False, 1.0, 0, 1.0, 0) if greedy else self.sampling(ctx.cfg, gen)
+        r = self.engine.generate(arm, ids[0].tolist(), int(ctx.cfg.max_new_tokens), sampling, n_probs)
+        return result_of(r, bool(n_probs))
 
-    def run(self, ctx, arm: Arm, ids: torch.Tensor, gen):
+    def speculative_arm(self, ctx, k: int) -> Arm:
+        """The draft model's configuration at k (divergence compares it with the plain server)."""
+        return llama_arms.arm("model", k)
+
+    def run(self, ctx, arm: Arm, ids: torch.Tensor, gen) -> RunResult:
         if arm.drafter == NONE and arm.method != "plain":
             arm = PLAIN  # a plan that recommends not speculating: the plain server answers
         r = self.request(ctx, arm, ids, gen)
-        return r.tokens, r.wall_s, r.prompt_s, breakdown(r, arm.method != "plain")
+        return RunResult(r.tokens, r.wall_s, r.prompt_s, breakdown(r, arm.method != "plain"))
 
     def extension(self, ctx, ids: torch.Tensor, key: str, n: int = EXTENSION_TOKENS) -> list[int]:
         """``n`` tokens that follow the prompt (the plain greedy answer, padded with the prompt's own tokens)."""
@@ -205,7 +253,7 @@ class LlamaRunner:
             check_cached(answer, len(base) - cached)
         return position_probs((answer.get("completion_probabilities") or [{}])[0])
 
-    def model_sizes(self) -> dict[str, Any]:
+    def model_sizes(self, ctx=None) -> dict[str, Any]:
         """The timing stage's size columns from the GGUF files: bytes on disk as llama.cpp maps them, decoder
         layers from the header (parameters are not in a GGUF header: left empty)."""
         from speclab.models.gguf_header import config_from_gguf
@@ -216,12 +264,34 @@ class LlamaRunner:
                         f"{role}_layers": int(layers) if layers is not None else None})
         return out
 
-    def step_times(self, ctx, ks: list[int], progress: str | None = None):
+    def time_passes(self, ctx, prompt_id: str, ids: torch.Tensor) -> list[TimedPass]:
+        """The target's and the draft's pass over m new tokens after the prompt (plus ``context_extra`` more tokens),
+        each the server's processing of a cached context extended by m tokens (the plain answer's tokens)."""
+        st = ctx.cfg.stage
+        lengths, extras = [int(n) for n in st.pass_lengths], [int(e) for e in st.context_extra]
+        limit = int(self.settings["ctx_size"])
+        n = ids.shape[1]
+        if n + max(extras) + max(lengths) > limit:
+            raise ValueError(f"stage.context_extra={max(extras)} with pass_lengths up to {max(lengths)} after prompt "
+                             f"{prompt_id} ({n} tokens) exceeds llama.cpp's context of {limit} tokens: raise "
+                             "engine.ctx_size or lower stage.context_extra")
+        ext = self.extension(ctx, ids, prompt_id, max(extras) + max(lengths))
+        out = []
+        for role in ("target", "draft"):
+            mem = self.memory(ctx)
+            for e in extras:
+                times = self.engine.pass_times(ids[0].tolist() + ext[:e], ext[e:], lengths, int(st.repeats),
+                                               int(st.warmup), role)
+                out += [TimedPass(n + e, role, timing_of(m, times[m]), mem) for m in lengths]
+        return out
+
+    def step_times(self, ctx, ks: list[int], progress: str | None = None) -> StepTimes:
         st = ctx.cfg.stage
         p = ctx.prompts[0].id
         ids = ctx.inputs[p]
-        return self.engine.step_costs(ids[0].tolist(), self.extension(ctx, ids, p), [k for k in ks if k < EXTENSION_TOKENS],
-                                      int(st.timing_repeats), int(st.timing_warmup))
+        return StepTimes(*self.engine.step_costs(ids[0].tolist(), self.extension(ctx, ids, p),
+                                                 [k for k in ks if k < EXTENSION_TOKENS],
+                                                 int(st.timing_repeats), int(st.timing_warmup)))
 
     def block_step_times(self, ctx, ids: torch.Tensor) -> dict[str, float]:
         repeats = int(ctx.cfg.stage.block_timing_repeats)

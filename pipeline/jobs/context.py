@@ -33,7 +33,7 @@ class StageContext:
     _prices: CostTable | None = None
     prompt_record: dict[str, Any] = field(default_factory=dict)  # how the contexts were made (provenance)
     load: LoadSampler = field(default_factory=LoadSampler)  # the stage's load averages (pipeline/jobs/trust.py)
-    runner: Any = None  # the engine that runs the arms (pipeline/engines/speclab_runner.py, pipeline/engines/llama_runner.py)
+    runner: Any = None  # the engine that runs the requests (pipeline/engines/base.py Engine; None: speclab's loop)
     make_inputs: Callable[[list[Prompt]], PromptInputs] | None = None  # more prompts' contexts, as the first were made
     started: float = field(default_factory=time.monotonic)  # when the job began loading its models (pipeline.run)
     said: set[str] = field(default_factory=set)  # lines a stage says once a job (a plan's growing sample comes back)
@@ -62,10 +62,9 @@ class StageContext:
     def compute_threads(self) -> int:
         """The threads the job's timed work runs on (its load check discounts them): another engine's server's
         (llama.cpp's ``threads``), else torch's."""
-        settings = getattr(self.runner, "settings", None)
-        if getattr(self.runner, "name", "speclab") != "speclab" and isinstance(settings, dict) and settings.get("threads"):
-            return int(settings["threads"])
-        return torch.get_num_threads()
+        own = getattr(self.runner, "compute_threads", None)  # the engine's (pipeline/engines/base.py)
+        threads = own() if own is not None else None
+        return int(threads) if threads else torch.get_num_threads()
 
     def prices(self, policy: str | None = None) -> CostTable | None:
         """The price table the k policy ``policy`` (None: the job's) reads, if it reads one: measured on
@@ -110,11 +109,9 @@ def build_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> Stage
 
     prompts = prompts if prompts is not None else load_job_prompts(cfg)
     runner = instantiate(cfg.engine) if "engine" in cfg else None
-    if runner is None or runner.name == "speclab":
-        ctx = own_context(cfg, prompts)
-        ctx.runner = runner
-        return ctx
-    return runner.context(cfg, prompts)
+    if runner is None:  # a config composed without the engine group: speclab's own loop
+        return own_context(cfg, prompts)
+    return runner.context(cfg, prompts)  # the engine seam (pipeline/engines/base.py Engine.context)
 
 
 def own_context(cfg: DictConfig, prompts: list[Prompt] | None = None) -> StageContext:

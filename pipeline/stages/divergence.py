@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.jobs.context import StageContext
-from pipeline.engines.option_checks import on_llama
+from pipeline.engines.base import RequestResult, engine_of
 from store.records import make_schema
 from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, identity
@@ -19,12 +19,9 @@ from pipeline.jobs.context import stage_ks
 from pipeline.config.stage_options import unused_note
 from speclab.measures.divergence import classify, first_difference, recompute_logits
 from speclab.specs.arms import PLAIN
-from speclab.engines.llama_cpp import arms as llama_arms
-from speclab.engines.llama_cpp.engine import EngineRun, sampling_payload
-from speclab.decoding.loop import plain_greedy, speculative_generate
 
 WAYS = ("single_step", "verify_pass", "full_prefill")
-TOP_N = 2  # llama.cpp's probabilities asked at each new token: the top two, whose gap tells a near-tie
+TOP_N = 2  # an engine's probabilities asked at each new token: the top two, whose gap tells a near-tie
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("prompt_id", "string"), ("kind", "string"), ("k", "int32"), ("round", "int32"), ("identical", "bool"),
     ("position", "int32"), ("plain_token", "int64"), ("spec_token", "int64"), ("plain_text", "string"),
@@ -56,8 +53,9 @@ def analyse(ctx: StageContext, ids: torch.Tensor, plain: list[int], spec: list[i
     return row
 
 
-def engine_analyse(ctx: StageContext, ids: list[int], plain: EngineRun, spec: list[int], k: int) -> dict:
-    """The divergence record of one llama.cpp plain/speculative pair. At the first difference the engine's own
+def engine_analyse(ctx: StageContext, ids: list[int], plain: RequestResult, spec: list[int], k: int) -> dict:
+    """The divergence record of one plain/speculative pair of an engine that gives its own top probabilities
+    (``Engine.top_probs``; not ``recomputes_logits``). At the first difference the engine's own
     top-2 log-probabilities of that next token, three ways: the plain run's (one-token steps; the prompt's pass
     at position 0), one pass over the last k + 1 tokens after the rest cached (a check's batch shape), one pass
     over the whole context. A log-probability differs from the logit by the same constant for every token, so
@@ -69,9 +67,11 @@ def engine_analyse(ctx: StageContext, ids: list[int], plain: EngineRun, spec: li
                 if pos is None else "length_only"}
     p_tok, s_tok = plain.tokens[pos], spec[pos]
     context = ids + plain.tokens[:pos]
-    ways = {"full_prefill" if pos == 0 else "single_step": plain.top_probs[pos],
-            "verify_pass": ctx.runner.top_probs(context, TOP_N, batch=k + 1),
-            **({} if pos == 0 else {"full_prefill": ctx.runner.top_probs(context, TOP_N)})}
+    engine = engine_of(ctx)
+    given = plain.top_probs[pos] if plain.top_probs and pos < len(plain.top_probs) else []
+    ways = {"full_prefill" if pos == 0 else "single_step": given,
+            "verify_pass": engine.top_probs(context, TOP_N, batch=k + 1) or [],
+            **({} if pos == 0 else {"full_prefill": engine.top_probs(context, TOP_N) or []})}
     row = {"identical": False, "position": pos, "plain_token": p_tok, "spec_token": s_tok,
            "plain_text": token_text(ctx, p_tok), "spec_text": token_text(ctx, s_tok), "top_logit": float("nan"),
            "ulp": float("nan"), "gap_ulps": float("nan")}
@@ -83,8 +83,8 @@ def engine_analyse(ctx: StageContext, ids: list[int], plain: EngineRun, spec: li
         if not (math.isnan(lp) or math.isnan(ls)):
             gaps.append(abs(lp - ls))
         flipped |= bool(top) and top[0][0] == s_tok
-    runner_up = len(plain.top_probs[pos]) > 1 and plain.top_probs[pos][1][0] == s_tok
-    (_, p1), *rest = plain.top_probs[pos] or [(None, float("nan"))]
+    runner_up = len(given) > 1 and given[1][0] == s_tok
+    (_, p1), *rest = given or [(None, float("nan"))]
     # the speculative token outside the plain run's top 2: the gap is at least the top-2 one
     row["max_gap"] = max(gaps) if gaps else (math.log(p1) - math.log(rest[0][1]) if rest else float("nan"))
     near = runner_up and (flipped or row["max_gap"] <= float(ctx.cfg.stage.tie_nats))
@@ -97,43 +97,24 @@ def token_text(ctx: StageContext, token: int) -> str:
     return tok.decode([token]) if tok else str(token)
 
 
-def engine_run(ctx: StageContext) -> list[dict]:
-    """llama.cpp (engine=llama_cpp): per round and prompt one plain request with the top-2 probabilities of every
-    new token, and per k one request of its draft-model configuration at k, greedy."""
-    cfg, runner = ctx.cfg, ctx.runner
-    n_new, rows = int(cfg.max_new_tokens), []
-    greedy = sampling_payload(False, 1.0, 0, 1.0, 0)  # temperature 0: the probabilities are the full softmax's
-    for r in range(int(cfg.stage.rounds)):
-        for prompt in tqdm(ctx.prompts, desc=f"divergence llama.cpp round {r}", leave=False):
-            ids = ctx.inputs[prompt.id][0].tolist()
-            plain = runner.engine.generate(PLAIN, ids, n_new, greedy, n_probs=TOP_N)
-            for k in stage_ks(cfg):
-                spec = runner.engine.generate(llama_arms.arm("model", k), ids, n_new, greedy).tokens
-                rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
-                             "round": int(cfg.round) + r, **engine_analyse(ctx, ids, plain, spec, k)})
-    return rows
-
-
 def run(ctx: StageContext) -> StageOutput:
-    if on_llama(ctx):
-        return summarize(pd.DataFrame(engine_run(ctx), columns=SCHEMA.names), ctx.cfg)
-    cfg, pair = ctx.cfg, ctx.pair
-    ks = stage_ks(cfg)
-    n_new = int(cfg.max_new_tokens)
+    """Per round and prompt one plain greedy request (with each new token's top-2 probabilities where the engine does
+    not recompute logits in torch) and per k one greedy request of the engine's speculative configuration at k;
+    each pair's first difference explained by ``analyse`` (logits recomputed) or ``engine_analyse`` (top-2)."""
+    cfg, engine = ctx.cfg, engine_of(ctx)
+    own_logits = engine.recomputes_logits
     rows = []
     for r in range(int(cfg.stage.rounds)):
         for prompt in tqdm(ctx.prompts, desc=f"divergence round {r}", leave=False):
             ids = ctx.inputs[prompt.id]
-            plain = plain_greedy(pair.target, ids, n_new, pair.eos_token_id).tokens
-            for k in ks:
-                s = ctx.strategy(k)
-                spec = speculative_generate(pair.target, s.drafter, ids, n_new, k=s.policy,
-                                            eos_token_id=pair.eos_token_id,
-                                            merge_prefill=bool(cfg.merge_prefill)).tokens
+            plain = engine.request(ctx, PLAIN, ids, greedy=True, n_probs=0 if own_logits else TOP_N)
+            for k in stage_ks(cfg):
+                spec = engine.request(ctx, engine.speculative_arm(ctx, k), ids, greedy=True).tokens
+                why = (analyse(ctx, ids, plain.tokens, spec, k) if own_logits
+                       else engine_analyse(ctx, ids[0].tolist(), plain, spec, k))
                 rows.append({**identity(ctx), "prompt_id": prompt.id, "kind": prompt.kind, "k": k,
-                             "round": int(cfg.round) + r, **analyse(ctx, ids, plain, spec, k)})
-    df = pd.DataFrame(rows, columns=SCHEMA.names)
-    return summarize(df, cfg)
+                             "round": int(cfg.round) + r, **why})
+    return summarize(pd.DataFrame(rows, columns=SCHEMA.names), cfg)
 
 
 def describe(cfg: DictConfig) -> str:
@@ -151,7 +132,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                f"{metrics['near_ties']} near-ties, {metrics['bugs']} not explained by rounding"]
     for row in diverged.itertuples():
         where = (f"gap {row.max_gap:.4g} = {row.gap_ulps:.1f} ulp at top logit {row.top_logit:.2f}"
-                 if row.engine == "speclab" else
+                 if row.gap_ulps == row.gap_ulps else  # an engine's own top-2 gives no ulps
                  f"gap {row.max_gap:.3f} nats in {row.engine}'s own top-2 log-probabilities "
                  f"(near-tie within {float(cfg.stage.tie_nats):g})")
         summary.append(f"  {row.prompt_id} k={row.k} token {row.position}: plain {row.plain_text!r} vs speculative "

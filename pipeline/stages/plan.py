@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline.jobs.context import StageContext
 from store.records import make_schema
-from speclab.engines.llama_cpp.arms import pasted_flags
+from pipeline.engines.base import DEFAULT_ENGINE, engine_class
 from speclab.specs.arms import Arm
 from speclab.costs.planning import recommend
 from speclab.stats.intervals import prediction_size_needed
@@ -58,8 +58,10 @@ def describe(cfg: DictConfig) -> str:
 def choice_text(r) -> str:
     if r.drafter == "none":
         return "plain decoding (no speculation)"
-    if getattr(r, "engine", "speclab") == "llama_cpp":  # the flags a user adds to their llama-server command
-        return pasted_flags(Arm("speculative", int(r.k) or None, str(r.k_policy), str(r.drafter), "llama_cpp"))
+    engine = str(getattr(r, "engine", DEFAULT_ENGINE))
+    said = engine_class(engine).arm_text(Arm("speculative", int(r.k) or None, str(r.k_policy), str(r.drafter), engine))
+    if said is not None:  # how a user writes it for that engine (the flags of its command)
+        return said
     policy = "" if r.k_policy == "fixed" else f" {r.k_policy}"
     k = f" k={r.k}" if r.k_policy == "fixed" else ""
     return f"{r.drafter}{policy}{k}"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pandas as pd
 from omegaconf import DictConfig
 
+from pipeline.engines.base import engine_class, engine_of
 from pipeline.jobs.identity import output_path
 from pipeline.prompts.sets import Prompt, load_prompts
 from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests
@@ -32,9 +33,9 @@ def this_job(cfg: DictConfig, stage: str) -> pd.DataFrame:
 
 
 def predictions(engine: str, timing: pd.DataFrame, acc: pd.DataFrame) -> pd.DataFrame:
-    """Every acceptance run's predicted speed-up: speclab's loop by its time model, another engine by its own costs
-    and counters (calibrated on the plan's own requests)."""
-    if engine != "speclab":
+    """Every acceptance run's predicted speed-up: an engine whose rows are its loop's iterations (speclab's) by its
+    time model, an engine of requests by its own costs and counters (calibrated on the plan's own requests)."""
+    if not engine_class(engine).counts_iterations:
         costs = engine_costs(timing)
         return predict_requests(costs, acc, fit_overheads(costs, acc))
     return predict_runs(calibrate(timing, acc), acc)
@@ -62,7 +63,7 @@ def more_prompts(cfg: DictConfig, kind: str, seen: set[str]) -> list[Prompt]:
 
 
 def engine_name(ctx) -> str:
-    return "speclab" if ctx.runner is None else str(ctx.runner.name)
+    return str(engine_of(ctx).name)
 
 
 def grow_sample(ctx, acc: pd.DataFrame, run_more: Callable[[list[Prompt]], pd.DataFrame],

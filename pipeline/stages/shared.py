@@ -7,18 +7,17 @@ from typing import TypeVar
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.engines.base import engine_of
 from pipeline.jobs.context import StageContext
 from speclab.stats.intervals import median_ci
 
 
 def identity(ctx: StageContext) -> dict:
     """Columns every row carries so files from different runs can be pooled."""
-    cfg, runner = ctx.cfg, ctx.runner
-    own = runner is None or runner.name == "speclab"
-    return {"pair": str(cfg.pair.name), "target": str(cfg.pair.target),
-            "draft": str(cfg.pair.draft) if own else runner.draft_label, "device": str(ctx.pair.device),
-            "dtype": str(cfg.pair.dtype) if own else runner.weights(cfg), "config_hash": ctx.config_hash,
-            "engine": "speclab" if own else runner.name}
+    cfg, engine = ctx.cfg, engine_of(ctx)
+    return {"pair": str(cfg.pair.name), "target": str(cfg.pair.target), "draft": engine.draft_name(cfg),
+            "device": str(ctx.pair.device), "dtype": engine.weights(cfg), "config_hash": ctx.config_hash,
+            "engine": str(engine.name)}
 
 
 T = TypeVar("T")
@@ -72,7 +71,7 @@ def speedup_text(m: dict[str, float]) -> str:
 TRUST_FIELDS = [("trust", "string"), ("trust_detail", "string")]
 MEMORY_FIELDS = [("param_devices", "string"), ("rss_bytes", "int64"), ("device_free_bytes", "int64"),
                  ("memory_trusted", "bool"), ("memory_reason", "string")]
-# engine: which engine ran the rows (speclab's loop, llama_cpp); dtype: the weights as that engine ran them (a
-# torch dtype, or llama.cpp's ``gguf:<type>``).
+# engine: which engine ran the rows (its ``Engine.name``); dtype: the weights as that engine ran them
+# (``Engine.weights``: a torch dtype, a GGUF file's type).
 IDENTITY_FIELDS = [("pair", "string"), ("target", "string"), ("draft", "string"), ("device", "string"),
                    ("dtype", "string"), ("config_hash", "string"), ("engine", "string")]

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.jobs.context import StageContext
-from pipeline.engines.speclab_runner import BLOCK_STEP_FIELDS, SpeclabRunner
+from pipeline.engines.base import BLOCK_STEP_FIELDS, DEFAULT_ENGINE, engine_class, engine_of
 from pipeline.jobs.arms import engine_name, stage_entries
 from pipeline.jobs.inputs import latest_plan_file
 from pipeline.jobs.stage_output import ArmResult, StageOutput, by_kind, single_arm_metrics
@@ -54,14 +54,12 @@ def resolve(arm: Arm, kind: str, plan: dict[str, Arm] | None) -> Arm:
 def run(ctx: StageContext) -> StageOutput:
     cfg, st = ctx.cfg, ctx.cfg.stage
     ks, sampling = stage_ks(cfg), sampling_config(cfg)
-    engine = ctx.runner or SpeclabRunner()  # who runs the arms: speclab's loop or llama.cpp (conf/engine/)
+    engine = engine_of(ctx)  # who runs the arms (conf/engine/; pipeline/engines/base.py)
     names = engine.arms(ctx, ks)
     plan = latest_plan(ctx.cfg) if RECOMMENDED in names else None
     runs = [*names, *(plan or {}).values()]
     gen = generator(ctx)
-    for arm in runs:  # a price table an adaptive policy (the job's or the plan's) reads: measured before the runs
-        if arm.ours and not arm.is_tree and arm.engine == "speclab":
-            ctx.prices(arm.k_policy)
+    engine.prepare(ctx, runs)  # what the arms (the job's or the plan's) need measured before the runs
     warm = engine.warm_arms(names)
     log.info(f"speed: warm-up ({', '.join(a.label if a.method != 'plain' else 'plain' for a in warm)} on one prompt)")
     first = ctx.prompts[0]
@@ -186,20 +184,20 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     arms = []
     for (method, k, policy, drafter), sub in df[df.arm != "plain"].groupby(["arm", "k", "k_policy", "drafter"],
                                                                            sort=False):
-        arm = Arm(method, int(k) or None, policy, drafter, str(sub.engine.iloc[0]) if "engine" in sub else "speclab")
+        arm = Arm(method, int(k) or None, policy, drafter, str(sub.engine.iloc[0]) if "engine" in sub else DEFAULT_ENGINE)
         for kind, s in by_kind(sub):
             stopped = stopped_by(s)
             arms.append(ArmResult(
                 arm.run_name(kind),
                 {"arm": method, "k": int(k), "k_policy": policy, "drafter": drafter, "kind": kind,
-                 "engine": str(s.engine.iloc[0]) if "engine" in s else "speclab",
+                 "engine": str(s.engine.iloc[0]) if "engine" in s else DEFAULT_ENGINE,
                  "do_sample": bool(s.do_sample.iloc[0]), "temperature": float(s.temperature.iloc[0]),
                  "top_p": float(s.top_p.iloc[0]), **({"stopped_by": stopped} if stopped else {})},
                 {**speedup_metrics(s, plain, min_runs(cfg), level), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
                     for part in ("draft", "verify", "rollback", "bookkeeping")},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
-                 **(engine_counts(s) if "engine" in s and (s.engine != "speclab").all() else {}),
+                 **({} if engine_class(arm.engine).counts_iterations else engine_counts(s)),
                  **({"tree_nodes": s.tree_nodes.mean()} if arm.is_tree else {})}, arm.label))
     drift = max(max(a / b, b / a) for a, b in zip(after, before))
     metrics = {"plain_tokens_per_s": plain.tokens_per_s.median(), "identical_share": spec.identical_to_plain.mean(),
