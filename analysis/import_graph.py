@@ -24,9 +24,10 @@ def _packages(name: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
 
 
-def local_imports(path: Path, root: Path = ROOT) -> set[str]:
-    """Local modules a file imports (anywhere but under `if TYPE_CHECKING:`, which never runs), with their
-    packages."""
+def named_imports(path: Path, root: Path = ROOT) -> set[str]:
+    """The local modules a file's import statements name, anywhere but under `if TYPE_CHECKING:` (which never runs):
+    ``from pkg import module`` names ``pkg.module``, ``from pkg import name`` names the package ``pkg`` itself; the
+    packages Python runs on the way are not named (``local_imports`` adds them)."""
     tree = ast.parse(path.read_text())
     skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
@@ -38,13 +39,14 @@ def local_imports(path: Path, root: Path = ROOT) -> set[str]:
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names |= {f"{node.module}.{a.name}" for a in node.names}  # `from pkg import module`
-    out = set()
-    for name in names:
-        if name.split(".")[0] in LOCAL_PACKAGES:
-            out |= _packages(name)
-    return {n for n in out if module_file(n, root)}
+            names |= {f"{node.module}.{a.name}" if module_file(f"{node.module}.{a.name}", root) else node.module
+                      for a in node.names}
+    return {n for n in names if n.split(".")[0] in LOCAL_PACKAGES and module_file(n, root)}
+
+
+def local_imports(path: Path, root: Path = ROOT) -> set[str]:
+    """Local modules a file imports (anywhere but under `if TYPE_CHECKING:`), with their packages."""
+    return {p for name in named_imports(path, root) for p in _packages(name) if module_file(p, root)}
 
 
 def imported_files(module: str, root: Path = ROOT) -> set[str]:

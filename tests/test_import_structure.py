@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.import_graph import imported_files, local_imports, module_file
+from analysis.import_graph import imported_files, local_imports, module_file, named_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = tuple(p for p in ("speclab", "pipeline", "analysis", "store") if (ROOT / p / "__init__.py").is_file())
@@ -141,31 +141,8 @@ def arrows_up(graph: dict[str, set[str]], floors: list[str]) -> list[str]:
     return out
 
 
-def named_imports(module: str) -> set[str]:
-    """The modules ``module``'s import statements name (not the packages above them, which Python runs on the
-    way): ``from pipeline.stages import stage_module`` names the package ``pipeline.stages``, ``from
-    pipeline.stages import speed`` the module ``pipeline.stages.speed``. Imports under ``if TYPE_CHECKING:`` are
-    left out."""
-    import ast
-
-    tree = ast.parse(module_file(module).read_text())
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-               for n in ast.walk(node)}
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out |= {f"{node.module}.{a.name}" if module_file(f"{node.module}.{a.name}") else node.module
-                    for a in node.names}
-    return {m for m in out if module_file(m)}
-
-
 def floor_graph(package: str) -> dict[str, set[str]]:
-    return {m: {t for t in named_imports(m) if t.startswith(f"{package}.")} for m in modules(package)}
+    return {m: {t for t in named_imports(module_file(m)) if t.startswith(f"{package}.")} for m in modules(package)}
 
 
 @pytest.mark.parametrize("package", sorted(FLOORS))
@@ -182,7 +159,7 @@ def test_the_floor_check_sees_an_arrow_up():
         "pipeline.config.schema -> pipeline.stages.speed (pipeline.config -> pipeline.stages)"]
     assert arrows_up({"pipeline.stages.speed": {"pipeline.config.schema", "pipeline.stages.shared"}}, floors) == []
     # a name taken from a package's __init__ is an import of that package, on its floor
-    assert named_imports("pipeline.run") >= {"pipeline.stages", "pipeline.jobs.execute"}
+    assert named_imports(module_file("pipeline.run")) >= {"pipeline.stages", "pipeline.jobs.execute"}
     assert arrows_up({"pipeline.jobs.runs": {"pipeline.stages"}}, floors) == [
         "pipeline.jobs.runs -> pipeline.stages (pipeline.jobs -> pipeline.stages)"]
     assert floor_of("pipeline.run") == "pipeline" and floor_of("speclab.engines.llama_cpp.build") == "speclab.engines"
