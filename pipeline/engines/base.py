@@ -31,14 +31,14 @@ from typing import Any, ClassVar, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.config.schema import ENGINES as ENGINE_CONFS
 from speclab.measures.step_costs import PassTiming
 from speclab.specs.arms import Arm
 
 DEFAULT_ENGINE = "speclab"  # the engine of a config composed without the engine group, and of rows written before it
 # Each engine's class by the name its rows carry (``engine`` column): how a summary of stored rows asks what the
-# engine that wrote them counted. A new engine adds its line here (a name missing reads as ``Engine``'s defaults).
-ENGINES = {"speclab": "pipeline.engines.speclab_runner.SpeclabRunner",
-           "llama_cpp": "pipeline.engines.llama_runner.LlamaRunner"}
+# engine that wrote them counted. Read from the engine group's schema (its ``_target_`` default): declared once there.
+ENGINES = {name: conf._target_ for name, conf in ENGINE_CONFS.items()}
 # One-token step times taken in each block just before its runs (stage.block_timing_repeats > 0; NaN
 # otherwise): the machine's state at the time of the runs, for a time model priced at that state.
 BLOCK_STEP_FIELDS = ["block_target_step_s", "block_draft_step_s"]
