@@ -7,6 +7,7 @@ probed once, then for each stage "already complete", a repair of a missing half,
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from pipeline.config.legacy_flags import LEGACY_FLAGS_ENV, command_line, with_flags  # noqa: E402
 from pipeline.config.schema import ConfigError, check_config, register  # noqa: E402
 from pipeline.config.stage_options import check_used  # noqa: E402
 from pipeline.engines.option_checks import check_engine  # noqa: E402
@@ -62,7 +64,8 @@ def run_parts(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    end_as_job(lambda: run_parts(cfg))
+    flags = json.loads(os.environ.get(LEGACY_FLAGS_ENV) or "{}")
+    end_as_job(lambda: run_parts(with_flags(cfg, flags)))
 
 
 def user_help(text: str) -> str:
@@ -95,6 +98,8 @@ def cli() -> None:
     if any(a in ("--help", "-h") for a in sys.argv[1:]):
         return print_user_help()
     try:
+        sys.argv[1:], flags = command_line(sys.argv[1:])  # a recorded command's flags from before stage.arms
+        os.environ[LEGACY_FLAGS_ENV] = json.dumps(flags)  # its jobs' hashes are named by them (main)
         precheck(sys.argv[1:])
         main()
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM, in a job or a multirun: one line, 130 or 143

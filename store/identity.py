@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from store.legacy_arms import identity_stage
+from store.legacy_arms import RECORDED, identity_stage
 
 CODE_KEY = "_target_"  # names the class that runs a setting (Hydra instantiate), not what it measures
 
@@ -57,10 +57,11 @@ def config_hash(config: Mapping[str, Any], inputs: Mapping[str, Any] | None = No
     the dotted keys left out at their neutral value (``pipeline.config.schema.HASH_NEUTRAL``), ``volatile``
     the keys that say where or how a job ran (``pipeline.config.schema.VOLATILE``)."""
     tree = dict(config) if inputs is None else {**config, "inputs": inputs}
+    recorded = tree.pop(RECORDED, None) or {}  # a recorded command's flags from before stage.arms: stage keys then
     stage = str(config["stage"]["name"])
     # A speed job's arm list hashes as the flags that came before it, where they express it (store/legacy_arms.py).
     names = {group: str((config.get(group) or {}).get("name", "")) for group in ("drafter", "k_policy")}
-    tree["stage"] = identity_stage(config["stage"], names["drafter"], names["k_policy"])
+    tree["stage"] = identity_stage({**config["stage"], **recorded}, names["drafter"], names["k_policy"])
     flat = {k: v for k, v in measured(flatten(tree), volatile).items()
             if not (k in neutral and neutral[k].leaves_out(v, stage))}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -17,7 +17,14 @@ from speclab.specs.tree_shapes import parse_tree
 
 FLAGS: dict[str, Any] = {"peer": False, "peer_modes": ["matched"], "k_policies": [], "drafters": [],
                          "drafter_ks": [], "recommended": False, "best_fixed": False, "trees": []}
+# A stored job's hash leaves a flag out at its default, but for ``peer`` (every speed job hashed it) and the three the
+# acceptance stage still reads as keys of its own (drafters, k_policies, trees: their schema says when).
+NEUTRAL_FLAGS: dict[str, Any] = {k: v for k, v in FLAGS.items() if k in ("peer_modes", "drafter_ks", "recommended",
+                                                                          "best_fixed")}
 PEER_MODES = {method: mode for mode, method in PEER_METHODS.items()}
+# The top-level key a recorded command's flags ride in beside the arms they ran (pipeline/config/legacy_flags.py): its
+# hash is named by them (``config_hash`` reads them into the stage), though they are no keys of the live schema.
+RECORDED = "recorded_flags"
 ENTRY_KEYS = tuple(f.name for f in fields(ArmEntry))  # method first
 
 

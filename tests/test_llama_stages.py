@@ -88,8 +88,7 @@ def test_llama_refuses_what_it_cannot_run(tmp_path, case):
 # A value set for each stage key only speclab's loop reads (the schema's ``engine=SPECLAB``): a key declared so is
 # refused under llama.cpp, and this table says with what.
 SPECLAB_SET = {"drafters": "[prompt_lookup]", "k_policies": "[cost_model]", "policy_drafters": "[hybrid]",
-               "trees": "[static:2-1]", "peer": "true", "peer_modes": "[default]", "drafter_ks": "[2]",
-               "best_fixed": "true", "prefill": "true", "tree_nodes": "[3]", "tie_ulps": "8"}
+               "trees": "[static:2-1]", "prefill": "true", "tree_nodes": "[3]", "tie_ulps": "8"}
 
 
 def test_the_keys_only_speclab_reads_are_declared_in_the_schema():

@@ -15,6 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
+from pipeline.config.legacy_flags import compose_recorded
 from pipeline.config.schema import register
 from pipeline.jobs.identity import config_hash, output_path
 from store.layout import STAGES, campaigns, stage_paths
@@ -130,7 +131,8 @@ def conf():
 def test_recorded_overrides_recompose_to_the_recorded_hash(conf, path):
     meta = read_meta(path)
     extra, frozen, _why = earlier_conf(meta)
-    cfg = compose(config_name="config", overrides=[*meta["overrides"], *extra, f"outputs_dir={OUTPUTS}"])
+    cfg = compose_recorded([*meta["overrides"], *extra, f"outputs_dir={OUTPUTS}"],  # flags before stage.arms: arms
+                           lambda o: compose(config_name="config", overrides=o))
     inputs = meta["inputs"] if "inputs" in meta else frozen
     as_before(cfg, meta)
     if inputs is not None:

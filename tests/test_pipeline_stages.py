@@ -104,7 +104,7 @@ def test_distribution_stage_separates_rules(tmp_path):
 
 
 def test_speed_stage_peer_arms_default_and_lookup(tmp_path):
-    df, _ = _run(tmp_path, speed, "stage=speed", "stage.peer=true", "stage.peer_modes=[matched,default,lookup]",
+    df, _ = _run(tmp_path, speed, "stage=speed", "stage.arms=[{},{method:hf_assisted},{method:hf_default},{method:hf_lookup}]",
                  "stage.timing_repeats=2", "stage.timing_warmup=0", "prompts.per_kind=1", "prompts.kinds=[code]")
     arms = df.groupby("arm").agg(k=("k", "first"), drafter=("drafter", "first"), policy=("k_policy", "first"))
     assert set(arms.index) == {"plain", "speculative", "hf_assisted", "hf_default", "hf_lookup"}

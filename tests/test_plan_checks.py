@@ -191,9 +191,9 @@ def test_a_job_that_follows_a_plan_or_schema_defaults_is_a_new_job_when_they_cha
     from store.records import write_parquet
     from tests.pipeline_helpers import make_cfg
 
-    check = make_cfg(tmp_path, "stage=speed", "stage.recommended=true")
+    check = make_cfg(tmp_path, "stage=speed", "stage.arms=[{},{method:recommended}]")
     fixed_only = make_cfg(tmp_path, "stage=speed", "stage.ks=[2]")
-    arms = make_cfg(tmp_path, "stage=speed", "stage.ks=[2]", "stage.k_policies=[cost_model]")
+    arms = make_cfg(tmp_path, "stage=speed", "stage.ks=[2]", "stage.arms=[{},{k_policy:cost_model}]")
     plans = campaign_dir(check) / "plan"
     before = config_hash(check), config_hash(fixed_only), config_hash(arms)
 

@@ -26,6 +26,7 @@ from omegaconf import open_dict
 import pipeline.jobs.execute
 from analysis import jobs, sealed
 from analysis.common import run_script
+from pipeline.config.legacy_flags import compose_recorded
 from pipeline.jobs.errors import error_line
 from pipeline.jobs.identity import output_path
 from pipeline.run import run_parts
@@ -73,7 +74,8 @@ def _recorded_jobs() -> list[tuple[list[str], dict | None, dict]]:
 
 def _compose(overrides: list[str], outputs: Path, inputs: dict | None = None, meta: dict | None = None):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, f"outputs_dir={outputs}", *NO_COMPUTE])
+        cfg = compose_recorded([*overrides, f"outputs_dir={outputs}", *NO_COMPUTE],  # flags before stage.arms: arms
+                               lambda o: compose(config_name="config", overrides=o))
     as_before(cfg, meta or {})
     if inputs is not None:
         with open_dict(cfg):

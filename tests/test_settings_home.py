@@ -16,10 +16,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from pipeline.config.schema import (CHECKS, HASH_NEUTRAL, SCHEMAS, STAGE_SCHEMAS, VOLATILE, RoundsStage, SpeclabConf,
-                                    SpeedStage, register)
+                                    register)
 from pipeline.config.settings import NOT_NEUTRAL, declarations, same_as, setting
 from pipeline.config.value_checks import int_at_least
-from store.legacy_arms import FLAGS
+from store.legacy_arms import FLAGS, NEUTRAL_FLAGS
 from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,9 +103,11 @@ def _plain(value: Any) -> Any:
 def test_every_checked_or_neutral_key_is_a_declared_field():
     declared = declarations(SCHEMAS)
     assert set(CHECKS) - {"drafter.name", "k_policy.name"} <= set(declared)
-    assert set(HASH_NEUTRAL) <= set(declared)
+    flags = {f"stage.{k}" for k in NEUTRAL_FLAGS}  # no live keys: their neutral values name stored jobs only
+    assert set(HASH_NEUTRAL) - flags <= set(declared) and not flags & set(declared)
     for key, neutral in HASH_NEUTRAL.items():
-        assert declared[key]["neutral"] == neutral.value is not NOT_NEUTRAL
+        assert (NEUTRAL_FLAGS[key.split(".", 1)[1]] if key in flags else declared[key]["neutral"]) == neutral.value \
+            is not NOT_NEUTRAL
 
 
 def test_where_and_how_a_job_ran_is_declared_in_the_schema_only():
@@ -123,12 +125,13 @@ def test_where_and_how_a_job_ran_is_declared_in_the_schema_only():
     assert identity.measured(flat, VOLATILE) == {"k": 4, "engine.threads": 2}  # llama-server's threads are measured
 
 
-def test_the_legacy_flags_are_speed_keys_whose_neutral_values_are_their_defaults():
-    """store/legacy_arms.py FLAGS is the one home of the old speed flags and their defaults (the store translates old
-    records without the schema); the speed stage declares each key, unset by default, and reads its neutral value
-    from there."""
+def test_the_legacy_flags_are_no_live_keys_and_keep_their_neutral_values():
+    """store/legacy_arms.py FLAGS is the one home of the old speed flags and their defaults: no stage with arms declares
+    them (a recorded command's are translated into arms, pipeline/config/legacy_flags.py), and a stored job's hash still
+    leaves each out at its default (store.legacy_arms.NEUTRAL_FLAGS, or the acceptance stage's own key)."""
     for key, default in FLAGS.items():
-        assert _default(SpeedStage, key) is None, f"stage.{key}: a flag is unset unless a recorded command sets it"
+        assert not [name for name, schema in STAGE_SCHEMAS.items()
+                    if key in schema.__dataclass_fields__ and "arms" in schema.__dataclass_fields__], key
         neutral = HASH_NEUTRAL.get(f"stage.{key}")
         if key == "peer":
             assert neutral is None  # every speed job hashed stage.peer (store.legacy_arms.identity_stage)

@@ -95,7 +95,7 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
                     *common)
     run_parts(held)
     assert not set(pd.read_parquet(output_path(held, "acceptance")).prompt_id) & set(acc.prompt_id)
-    speed_cfg = make_cfg(tmp_path, "stage=speed", "stage.ks=[1,2]", "stage.recommended=true", "stage.timing_repeats=2",
+    speed_cfg = make_cfg(tmp_path, "stage=speed", "stage.ks=[1,2]", "stage.arms=[{},{method:recommended}]", "stage.timing_repeats=2",
                          "stage.timing_warmup=0", "stage.block_timing_repeats=2", "prompts.per_kind=2", *common)
     run_parts(speed_cfg)
     runs = pd.read_parquet(output_path(speed_cfg, "speed"))
@@ -117,7 +117,7 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
 
     # The confirmatory check: plain, the exploratory check's best fixed configuration (named now)
     # and the recommendation, in blocks of three.
-    confirm_cfg = make_cfg(tmp_path, "stage=speed", "stage.best_fixed=true", "stage.recommended=true",
+    confirm_cfg = make_cfg(tmp_path, "stage=speed", "stage.arms=[{method:best_fixed},{method:recommended}]",
                            "stage.block_timing_repeats=2", "stage.timing_repeats=2", "stage.timing_warmup=0",
                            "prompts.per_kind=2", *common)
     run_parts(confirm_cfg)

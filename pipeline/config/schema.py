@@ -42,7 +42,8 @@ from speclab.costs.planning import recommend
 from speclab.drafting.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, default_of
 from speclab.specs.tree_shapes import EXAMPLES, parse_tree
 from store.layout import NAME  # a campaign or pair name
-from store.legacy_arms import FLAGS
+from store.identity import Neutral
+from store.legacy_arms import NEUTRAL_FLAGS, RECORDED
 from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 
@@ -278,10 +279,6 @@ def _arm_entries(v: Any) -> bool:
 
 ARMS_EXAMPLE = "[{},{k_policy:cost_model},{drafter:prompt_lookup,k_policy:fixed,ks:[4]},{tree:'static:3-2-1-1'}," \
                "{method:recommended},{method:hf_default}]"
-# The flags a speed job's arms came from before ``stage.arms`` (store/legacy_arms.py FLAGS, their one home: the store
-# translates old records without the schema): unset (null) unless a recorded command sets them, which then apply to
-# the arm list; their neutral values are the flags' defaults, read from FLAGS.
-LEGACY = "before stage.arms (store/legacy_arms.py); null: unset"
 
 
 @dataclass
@@ -311,19 +308,6 @@ class SpeedStage(RoundsStage):
                                         neutral=0,
                                         doc="> 0: time a target and a draft step before each block's runs (the "
                                             "machine's state then)")
-    # peer has no neutral value: every speed job hashed it (identity_stage)
-    peer: Optional[bool] = setting(None, engine=SPECLAB, doc=f"transformers peer arms, {LEGACY}")
-    peer_modes: Optional[list[str]] = setting(None, unset_or(subset_of("matched", "default", "lookup")),
-                                              neutral=FLAGS["peer_modes"], engine=SPECLAB,
-                                              doc=f"the peers' modes, {LEGACY}")
-    k_policies: Optional[list[str]] = same_as(AcceptanceStage, "k_policies", None)
-    drafters: Optional[list[str]] = same_as(AcceptanceStage, "drafters", None)
-    drafter_ks: Optional[list[int]] = setting(None, unset_or(ints_at_least(1)), neutral=FLAGS["drafter_ks"],
-                                              engine=SPECLAB, doc=f"k values of the drafters' arms, {LEGACY}")
-    recommended: Optional[bool] = setting(None, neutral=FLAGS["recommended"], doc=f"the plan's arm, {LEGACY}")
-    best_fixed: Optional[bool] = setting(None, neutral=FLAGS["best_fixed"], engine=SPECLAB,
-                                         doc=f"the best fixed arm, {LEGACY}")
-    trees: Optional[list[str]] = same_as(AcceptanceStage, "trees", None)
 
 
 @dataclass
@@ -514,7 +498,9 @@ OPTION_CHECKS: dict[str, Check] = {
                       f"one of {options(group, schemas)}")
     for group, schemas in (("drafter", DRAFTERS), ("k_policy", K_POLICIES), ("engine", ENGINES))}
 CHECKS: dict[str, Check] = checks(SCHEMAS, first=OPTION_CHECKS)
-HASH_NEUTRAL = neutral_table(SCHEMAS)  # the keys a job's config hash leaves out at their neutral value
+# The keys a job's config hash leaves out at their neutral value: the schema's, and the speed stage's flags from before
+# stage.arms, which are no live keys but still name stored jobs (store/legacy_arms.py: their hash, at their defaults).
+HASH_NEUTRAL = {**{f"stage.{k}": Neutral(v) for k, v in NEUTRAL_FLAGS.items()}, **neutral_table(SCHEMAS)}
 VOLATILE = volatile_keys(SCHEMAS)  # the keys (and prefixes) left out of every job's hash and MLflow params
 COST_MODEL_ARM_KEYS = arm_hashed(CostModelKConf)  # pipeline/jobs/inputs.py
 
@@ -529,7 +515,9 @@ def register() -> None:
 
 
 _ABSENT = object()
-NOT_SCHEMA = ("hydra", "inputs")  # top-level keys besides the schema's: Hydra's own, what a job read (job_inputs)
+# Top-level keys besides the schema's: Hydra's own, what a job read (job_inputs), a recorded command's flags from before
+# stage.arms (pipeline/config/legacy_flags.py).
+NOT_SCHEMA = ("hydra", "inputs", RECORDED)
 
 
 def _schema_keys(typ: type, prefix: str = "") -> list[str]:

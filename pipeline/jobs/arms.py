@@ -1,12 +1,11 @@
-"""The arm entries a job runs (``stage.arms``, with any flags a recorded command sets applied), as the speed
-stage, the job's inputs and its price tables read them.
+"""The arm entries a job runs (``stage.arms``), as the speed stage, the job's inputs and its price tables read them.
 Same concept, other floors: ``speclab/engines/llama_cpp/arms.py``, ``speclab/specs/arms.py``."""
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
 from speclab.specs.arms import ArmEntry, entry
-from store.legacy_arms import effective_arms
+from store.legacy_arms import normalized
 
 
 def engine_name(cfg: DictConfig) -> str:
@@ -19,4 +18,4 @@ def stage_entries(cfg: DictConfig) -> list[ArmEntry]:
     if "arms" not in cfg.stage:
         return []
     stage = OmegaConf.to_container(cfg.stage, resolve=True)
-    return [entry(e) for e in effective_arms(stage, str(cfg.drafter.name), str(cfg.k_policy.name))]
+    return [entry(e) for e in normalized(stage["arms"])]

@@ -1,0 +1,121 @@
+"""The speed stage's eight flags from before ``stage.arms`` (``stage.peer``, ``peer_modes``, ``k_policies``, ``drafters``,
+``drafter_ks``, ``recommended``, ``best_fixed``, ``trees``; store/legacy_arms.py ``FLAGS``), read where an old record's
+command is read: a recorded command that sets them reruns as the arm list they ran (``translated``), so it composes to
+its recorded hash. They are no keys of the live schema: a new job writes ``stage.arms``."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from pipeline.config.schema import CONF_DIR, ConfigError
+from store.legacy_arms import FLAGS, PEER_MODES, RECORDED, arms_from_flags, merged_flags
+
+FLAG_KEYS = tuple(f"stage.{k}" for k in FLAGS)
+LEGACY_FLAGS_ENV = "SPECLAB_LEGACY_FLAGS"  # a command line's flags, for its jobs (also in launcher subprocesses)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _value(override: str) -> Any:
+    """A flag's value, checked as its schema checked it before stage.arms (the arms it makes are checked as arms)."""
+    parsed = OverridesParser.create().parse_overrides([override])[0]
+    key = _key(override)
+    if parsed.is_sweep_override():
+        raise ConfigError(f"{override} sweeps a flag from before stage.arms: sweep stage.arms instead "
+                          "(docs/pipeline.md#arms)")
+    value = parsed.value()
+    flag = FLAGS[key.split(".", 1)[1]]
+    if isinstance(flag, bool) and not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not allowed: use true or false")
+    if isinstance(flag, list) and not (isinstance(value, list) and all(isinstance(v, (str, int)) for v in value)):
+        raise ConfigError(f"{key}={value!r} is not allowed: use a list")
+    if key == "stage.peer_modes" and not set(value) <= set(PEER_MODES.values()):
+        raise ConfigError(f"{key}={value!r} is not allowed: use a list drawn from {sorted(PEER_MODES.values())}")
+    if key == "stage.drafter_ks" and not all(isinstance(v, int) and v >= 1 for v in value):
+        raise ConfigError(f"{key}={value!r} is not allowed: use a list of integers >= 1")
+    return value
+
+
+def _text(value: Any) -> str:
+    """A value in Hydra's override grammar (a string quoted unless a plain name: a tree spec holds ':')."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_text(v) for v in value) + "]"
+    if isinstance(value, dict):  # an arm entry: its unset keys left out (null: the job's own)
+        return "{" + ",".join(f"{k}:{_text(v)}" for k, v in value.items() if v is not None) + "}"
+    text = str(value)
+    return text if re.fullmatch(r"[A-Za-z_][\w-]*", text) else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def translated(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> tuple[list[str], dict[str, Any]]:
+    """``overrides`` with the flags the composed stage does not declare replaced by the ``stage.arms`` they ran, and
+    every flag the stored job's hash is named by (store/legacy_arms.py ``merged_flags``; none: ``overrides`` as they
+    are). ``compose`` composes a job from overrides (Hydra's compose). A flag the stage still declares as its own key
+    (the acceptance stage's ``drafters``, ``k_policies``, ``trees``) stays as it is."""
+    flags = [o for o in overrides if _key(o) in FLAG_KEYS]
+    if not flags:
+        return list(overrides), {}
+    rest = [o for o in overrides if o not in flags]
+    cfg = compose(rest)
+    legacy = [o for o in flags if _key(o).split(".", 1)[1] not in cfg.stage]
+    if not legacy:
+        return list(overrides), {}
+    if "arms" not in cfg.stage:
+        raise ConfigError(f"{legacy[0]} is a flag of the speed stage's arms from before stage.arms: stage "
+                          f"{cfg.stage.name} runs no arms")
+    stage = {**OmegaConf.to_container(cfg.stage, resolve=True), **{_key(o).split(".", 1)[1]: _value(o) for o in legacy}}
+    drafter, policy = str(cfg.drafter.name), str(cfg.k_policy.name)
+    named = merged_flags(stage, drafter, policy)
+    kept = [o for o in overrides if o not in legacy and _key(o) != "stage.arms"]
+    return ([*kept, f"stage.arms={_text(arms_from_flags(named, drafter, policy))}"],
+            {k: v for k, v in named.items() if k not in cfg.stage})
+
+
+def with_flags(cfg: DictConfig, flags: dict[str, Any]) -> DictConfig:
+    """``cfg`` with the flags a recorded command's hash is named by beside its arms, under ``RECORDED`` (store/identity.py
+    ``config_hash`` reads them as the stage's: the arms alone lose what did not change them, such as the peer modes of
+    an arm list without peers)."""
+    if flags:
+        with open_dict(cfg):
+            cfg[RECORDED] = flags
+    return cfg
+
+
+def compose_recorded(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> DictConfig:
+    """The job a recorded command composes to, its flags from before stage.arms run as the arms they ran."""
+    given, flags = translated(overrides, compose)
+    return with_flags(compose(given), flags)
+
+
+def compose_job(overrides: list[str]) -> DictConfig:
+    """A job's config composed from ``overrides`` with the repository's conf/ (no Hydra run)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def command_line(args: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """A command line's arguments with its flags from before stage.arms run as the arms they ran, said in one line,
+    and the flags its jobs' hashes are named by (``with_flags``). Only the ``key=value`` overrides compose the stage;
+    Hydra's own options and ``hydra.`` keys pass through."""
+    overrides = [a for a in args if "=" in a and not a.startswith("-") and not _key(a).startswith("hydra.")]
+    if not any(_key(o) in FLAG_KEYS for o in overrides):
+        return list(args), {}
+    new, flags = translated(overrides, compose_job)
+    if not flags:
+        return list(args), {}
+    legacy = [o for o in overrides if o not in new]
+    print(f"speclab: {' '.join(legacy)}: flags from before stage.arms, run as {new[-1]}", flush=True)
+    return [a for a in args if a not in overrides] + new, flags
