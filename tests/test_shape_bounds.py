@@ -40,7 +40,8 @@ def _refusal(cfg, free=MACHINE) -> str:
     (["stage=acceptance", "stage.trees=[dynamic:3-1000-1000000]", "max_new_tokens=48"],
      "stage.trees=[dynamic:3-1000-1000000]", "68,160 nodes"),  # topk limited by the 64-token vocabulary
     (["stage=acceptance", "stage.trees=[static:60-60-60]"], "stage.trees=[static:60-60-60]", "219,660 nodes"),
-    (["stage=speed", "stage.trees=[static:2-1,static:64-64-64]"], "static:64-64-64", "266,304 nodes"),
+    (["stage=speed", "stage.arms=[{},{tree:'static:2-1'},{tree:'static:64-64-64'}]"], "static:64-64-64",
+     "266,304 nodes"),
     (["stage=speed", "stage.arms=[{},{tree:'static:64-64-64'}]"], "stage.arms entry {tree: 'static:64-64-64'}",
      "266,304 nodes"),
     (["stage=timing", "stage.tree_nodes=[2,200000]"], "stage.tree_nodes=[2, 200000]", "200,000 tree nodes"),

@@ -151,7 +151,7 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
 
 
 def test_recommended_arm_without_a_plan_is_one_line(tmp_path):
-    for arms in ("stage.arms=[{},{method:recommended}]", "stage.recommended=true"):  # the list, or the old flag
+    for arms in ("stage.arms=[{},{method:recommended}]", "stage.arms=[{method:recommended}]"):
         cfg = make_cfg(tmp_path, "stage=speed", arms, "prompts.per_kind=1", "prompts.kinds=[code]")
         with pytest.raises(ValueError, match=r"a recommended arm \(stage.arms\) needs a plan for pair tiny_random in "
                                              r"campaign scratch"):

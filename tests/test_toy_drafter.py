@@ -139,11 +139,11 @@ def test_the_toy_is_checked_as_an_option_wherever_a_drafter_is_named(tmp_path, t
     from pipeline.config.schema import ConfigError, check_config
     from store.layout import STAGES
 
-    cfg = cfg_with(tmp_path, toy, "stage=speed", f"stage.drafters=[{NAME},model]",
-                   f"stage.arms=[{{}},{{drafter:{NAME},ks:[2]}},{{drafter:prompt_lookup}}]")
-    check_config(cfg, STAGES)
+    check_config(cfg_with(tmp_path, toy, "stage=acceptance", f"stage.drafters=[{NAME},model]"), STAGES)
+    check_config(cfg_with(tmp_path, toy, "stage=speed",
+                          f"stage.arms=[{{}},{{drafter:{NAME},ks:[2]}},{{drafter:prompt_lookup}}]"), STAGES)
     with pytest.raises(ConfigError, match="stage.drafters=.* is not allowed"):  # another name is still refused
-        check_config(cfg_with(tmp_path, toy, "stage=speed", "stage.drafters=[repeat_first]"), STAGES)
+        check_config(cfg_with(tmp_path, toy, "stage=acceptance", "stage.drafters=[repeat_first]"), STAGES)
 
 
 def test_the_shipped_drafters_declare_what_stored_rows_are_read_with(tmp_path, toy, tiny_pair):

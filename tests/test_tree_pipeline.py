@@ -43,8 +43,11 @@ def test_a_bad_spec_is_one_line_naming_it(bad):
 
 
 def test_config_refuses_a_bad_tree_before_any_model_loads(tmp_path):
-    cfg = make_cfg(tmp_path, "stage=speed", "stage.trees=[static:2-1,static:2-0]")
+    cfg = make_cfg(tmp_path, "stage=acceptance", "stage.trees=[static:2-1,static:2-0]")
     with pytest.raises(ConfigError, match=r"stage.trees=\['static:2-1', 'static:2-0'\] is not allowed"):
+        check_config(cfg, ("acceptance",))
+    cfg = make_cfg(tmp_path, "stage=speed", "stage.arms=[{},{tree:'static:2-0'}]")
+    with pytest.raises(ConfigError, match=r"stage.arms=.*static:2-0.* is not allowed"):
         check_config(cfg, ("speed",))
     with pytest.raises(ConfigError, match="stage.tree_nodes"):
         check_config(make_cfg(tmp_path, "stage=timing", "stage.tree_nodes=[0]"), ("timing",))
@@ -52,7 +55,8 @@ def test_config_refuses_a_bad_tree_before_any_model_loads(tmp_path):
 
 def test_speed_stage_runs_tree_arms_in_the_rotated_blocks(tmp_path):
     cfg = make_cfg(tmp_path, "stage=speed", "stage.ks=[2]", "stage.timing_repeats=2", "stage.timing_warmup=0",
-                   "stage.trees=[static:2-1,dynamic:2-2-3,lookup:2-2]", "pair.draft=copy", "max_new_tokens=10")
+                   "stage.arms=[{},{tree:'static:2-1'},{tree:'dynamic:2-2-3'},{tree:'lookup:2-2'}]", "pair.draft=copy",
+                   "max_new_tokens=10")
     run_parts(cfg)
     df = pd.read_parquet(output_path(cfg, "speed"))
     trees = df[df.drafter.str.startswith("tree:")]

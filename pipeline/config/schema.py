@@ -371,6 +371,11 @@ class BatchStage(RoundsStage):
 @dataclass
 class AllStage(SpeedStage, TimingStage, DistributionStage):
     acceptance_ks: list[int] = same_as(PlanStage, "acceptance_ks", [1, 2, 4, 8])
+    # Its acceptance part's extra configurations, which its speed part still reads as flags on its arms (store/
+    # legacy_arms.py effective_arms): unset by default.
+    k_policies: Optional[list[str]] = same_as(AcceptanceStage, "k_policies", None)
+    drafters: Optional[list[str]] = same_as(AcceptanceStage, "drafters", None)
+    trees: Optional[list[str]] = same_as(AcceptanceStage, "trees", None)
     tie_ulps: int = same_as(DivergenceStage, "tie_ulps")
     tie_nats: float = same_as(DivergenceStage, "tie_nats")
 

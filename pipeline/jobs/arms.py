@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from speclab.specs.arms import ArmEntry, entry
-from store.legacy_arms import normalized
+from store.legacy_arms import effective_arms
 
 
 def engine_name(cfg: DictConfig) -> str:
@@ -18,4 +18,5 @@ def stage_entries(cfg: DictConfig) -> list[ArmEntry]:
     if "arms" not in cfg.stage:
         return []
     stage = OmegaConf.to_container(cfg.stage, resolve=True)
-    return [entry(e) for e in normalized(stage["arms"])]
+    # stage=all's acceptance keys (drafters, k_policies, trees) still add speed arms, as flags did before stage.arms
+    return [entry(e) for e in effective_arms(stage, str(cfg.drafter.name), str(cfg.k_policy.name))]
