@@ -24,7 +24,6 @@ needs to know how those rows were counted asks ``engine_class(name)``.
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
@@ -103,13 +102,6 @@ class AcceptanceRun:
     result: RequestResult | None = None   # a request's counters: one row
     iterations: list[dict[str, Any]] | None = None  # the loop's rows' own columns, one per iteration
     prompt_len: int = 0
-
-
-def timing_of(pass_len: int, samples: list[float]) -> PassTiming:
-    """Median and quartiles of one pass length's timed samples, as speclab's own pass timing reports them."""
-    s = sorted(samples)
-    q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-    return PassTiming(pass_len, statistics.median(s), q[0], q[2], len(s))
 
 
 def loop_columns(r: RequestResult, spec: bool) -> dict[str, Any]:
@@ -265,5 +257,4 @@ def rows_engine(df) -> str:
 
 
 __all__ = ["BLOCK_STEP_FIELDS", "DEFAULT_ENGINE", "ENGINES", "AcceptanceRun", "Engine", "RequestResult", "RunResult",
-           "StepTimes", "TimedPass", "engine_class", "engine_conf_class", "engine_of", "loop_columns", "rows_engine",
-           "timing_of"]
+           "StepTimes", "TimedPass", "engine_class", "engine_conf_class", "engine_of", "loop_columns", "rows_engine"]

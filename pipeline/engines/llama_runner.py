@@ -21,11 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.config.schema import SPECLAB, ConfigError
 from pipeline.config.stage_options import chosen
 from pipeline.engines.option_checks import LOOP_ONLY, PLAN_PRESETS, refuse_engine_keys
-from pipeline.engines.base import Engine, RequestResult, RunResult, StepTimes, TimedPass, loop_columns, timing_of
+from pipeline.engines.base import Engine, RequestResult, RunResult, StepTimes, TimedPass, loop_columns
 from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm
 from speclab.engines.llama_cpp import arms as llama_arms
 from speclab.engines.llama_cpp.engine import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
                                        sampling_payload, top_probs as position_probs)
+from speclab.measures.step_costs import pass_timing
 from speclab.models.gguf_header import read_metadata
 from store.layout import STAGES
 
@@ -282,7 +283,7 @@ class LlamaRunner(Engine):
             for e in extras:
                 times = self.engine.pass_times(ids[0].tolist() + ext[:e], ext[e:], lengths, int(st.repeats),
                                                int(st.warmup), role)
-                out += [TimedPass(n + e, role, timing_of(m, times[m]), mem) for m in lengths]
+                out += [TimedPass(n + e, role, pass_timing(m, times[m]), mem) for m in lengths]
         return out
 
     def step_times(self, ctx, ks: list[int], progress: str | None = None) -> StepTimes:

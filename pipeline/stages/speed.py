@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipeline.jobs.context import StageContext
-from pipeline.engines.base import BLOCK_STEP_FIELDS, DEFAULT_ENGINE, engine_class, engine_of
+from pipeline.engines.base import BLOCK_STEP_FIELDS, DEFAULT_ENGINE, ITERATION_TIMES, engine_class, engine_of
 from pipeline.jobs.arms import engine_name, stage_entries
 from pipeline.jobs.inputs import latest_plan_file
 from pipeline.jobs.stage_output import ArmResult, StageOutput, by_kind, single_arm_metrics
@@ -195,7 +195,7 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                  "top_p": float(s.top_p.iloc[0]), **({"stopped_by": stopped} if stopped else {})},
                 {**speedup_metrics(s, plain, min_runs(cfg), level), "alpha": s.acceptance_rate.mean(), "tokens_per_pass": s.tokens_per_pass.mean(),
                  **{f"{part}_ms_per_iter": 1e3 * s[f"{part}_s_per_iter"].mean()
-                    for part in ("draft", "verify", "rollback", "bookkeeping")},
+                    for part in ITERATION_TIMES},
                  "mean_k": s.mean_k.mean(), "identical_share": s.identical_to_plain.mean(), "runs": len(s),
                  **({} if engine_class(arm.engine).counts_iterations else engine_counts(s)),
                  **({"tree_nodes": s.tree_nodes.mean()} if arm.is_tree else {})}, arm.label))

@@ -21,7 +21,8 @@ class PassTiming:
     samples: int
 
 
-def _summary(pass_len: int, s: list[float]) -> PassTiming:
+def pass_timing(pass_len: int, s: list[float]) -> PassTiming:
+    """Median and quartiles of one pass length's timed samples (an engine's own timings are summarised alike)."""
     s = sorted(s)
     q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
     return PassTiming(pass_len, statistics.median(s), q[0], q[2], len(s))
@@ -62,7 +63,7 @@ def pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, pass_lengths: l
             crop_to(cache, ctx)
             if rep >= warmup:
                 samples[n].append(sw.seconds)
-    return [_summary(n, samples[n]) for n in pass_lengths]
+    return [pass_timing(n, samples[n]) for n in pass_lengths]
 
 
 def tree_pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, node_counts: list[int], repeats: int = 20,
@@ -93,7 +94,7 @@ def tree_pass_times(model: torch.nn.Module, prompt_ids: torch.Tensor, node_count
             crop_to(cache, ctx)
             if rep >= warmup:
                 samples[n].append(sw.seconds)
-    return [_summary(n + 1, samples[n]) for n in node_counts]
+    return [pass_timing(n + 1, samples[n]) for n in node_counts]
 
 
 def prefill_times(model: torch.nn.Module, prompt_ids: torch.Tensor, lengths: list[int], repeats: int = 10,
@@ -114,7 +115,7 @@ def prefill_times(model: torch.nn.Module, prompt_ids: torch.Tensor, lengths: lis
                 forward_logits(model, prompt_ids[:1, :n], cache, 1)
             if rep >= warmup:
                 samples[n].append(sw.seconds)
-    return [_summary(n, samples[n]) for n in lengths]
+    return [pass_timing(n, samples[n]) for n in lengths]
 
 
 @dataclass(frozen=True)
