@@ -15,8 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.config.overrides import hydra_value
 from speclab.specs.arms import NONE, PEER_METHODS, Arm
 from speclab.specs.tree_shapes import PREFIX as TREE_PREFIX
+from store.extend import override_key
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {"campaign": "recheck", "stage.rounds": "2"}
@@ -34,15 +36,6 @@ def entry_of(arm: Arm) -> dict:
         return {"method": arm.method, **({"ks": [arm.k]} if arm.k and arm.k_policy == "fixed" else {})}
     entry = {"drafter": arm.drafter, "k_policy": arm.k_policy}
     return {**entry, **({"ks": [arm.k]} if arm.k else {})}
-
-
-def hydra_value(value) -> str:
-    """A value in Hydra's override grammar (strings quoted: a tree spec holds ':')."""
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    return str(value) if isinstance(value, int) else f"'{value}'"
 
 
 def published_arms(outputs_dir: Path, pair: str) -> tuple[str, list[tuple[str, Arm]]]:
@@ -75,7 +68,7 @@ def published_arms(outputs_dir: Path, pair: str) -> tuple[str, list[tuple[str, A
 
 
 def command(overrides: list[str], entries: list[dict]) -> list[str]:
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = {override_key(o) for o in overrides}
     extra = [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given]
     arms = "stage.arms=" + hydra_value(entries)
     return [sys.executable, "-m", "pipeline.run", "stage=speed", arms, *extra, *overrides]

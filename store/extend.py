@@ -89,7 +89,7 @@ def refusal(outputs_dir: str | Path, campaign: str, part: str, path: Path, overr
     """Why a job that would write ``path`` into published ``campaign`` does not run, in one line with the command
     that runs it on purpose (its own ``overrides`` when known)."""
     folder = campaign_dir(outputs_dir, campaign)
-    kept = [o for o in overrides or [] if _key(o) not in ("campaign", "outputs_dir")]
+    kept = [o for o in overrides or [] if override_key(o) not in ("campaign", "outputs_dir")]
     command = f"python -m store.extend {campaign} -- {' '.join(kept)}" if overrides is not None else EXTEND.format(
         campaign=campaign)
     return StoreError(f"[{part}] campaign {campaign!r} is published ({manifest_path(folder)}): no job writes into "
@@ -112,14 +112,15 @@ def check_published_files(outputs_dir: str | Path, campaign: str,
                              f"campaign {campaign!r}, so it is left alone")
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The dotted key a Hydra override sets (``+stage.x=1`` -> ``stage.x``)."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
 def check_overrides(overrides: list[str]) -> None:
     for override in overrides:
-        if _key(override) in NOT_HERE:
-            raise StoreError(f"{override!r} is not allowed after --: {NOT_HERE[_key(override)]}")
+        if override_key(override) in NOT_HERE:
+            raise StoreError(f"{override!r} is not allowed after --: {NOT_HERE[override_key(override)]}")
 
 
 def added_problem(folder: Path, names: list[str]) -> str | None:

@@ -32,8 +32,8 @@ def compose_job():
 def test_flags_run_as_the_arms_they_ran_with_the_hash_they_named(compose_job):
     given, flags = translated(["stage=speed", "stage.peer=true", "stage.peer_modes=[default]", "stage.drafter_ks=[2]",
                                "stage.drafters=[prompt_lookup]"], compose_job)
-    assert given == ["stage=speed", "stage.arms=[{method:speculative},{method:speculative,drafter:prompt_lookup,"
-                                    "k_policy:fixed,ks:[2]},{method:hf_default}]"]
+    assert given == ["stage=speed", "stage.arms=[{method:'speculative'},{method:'speculative',"
+                                    "drafter:'prompt_lookup',k_policy:'fixed',ks:[2]},{method:'hf_default'}]"]
     cfg = compose_recorded(["stage=speed", "stage.peer=true", "stage.peer_modes=[default]", "stage.drafter_ks=[2]",
                             "stage.drafters=[prompt_lookup]"], compose_job)
     assert stage_entries(cfg) == [ArmEntry(), ArmEntry(drafter="prompt_lookup", k_policy="fixed", ks=[2]),
@@ -84,5 +84,5 @@ def test_help_lists_no_flag_and_the_command_line_translates_them(tmp_path):
     assert not [f for f in FLAGS if f"\n  {f}:" in stage]
     res = run("--cfg", "job", "pair=tiny_random", "stage=speed", "stage.recommended=true")
     assert res.returncode == 0, res.stderr
-    assert "stage.recommended=true: flags from before stage.arms, run as stage.arms=[{method:speculative}," \
-           "{method:recommended}]" in res.stdout
+    assert "stage.recommended=true: flags from before stage.arms, run as stage.arms=[{method:'speculative'}," \
+           "{method:'recommended'}]" in res.stdout

@@ -9,7 +9,8 @@ import pytest
 
 from analysis.answer import Answer
 from pipeline.jobs.published import comparison_lines, published_best
-from pipeline.recheck import RecheckError, command, entry_of, hydra_value, pair_of, published_arms
+from pipeline.config.overrides import hydra_value
+from pipeline.recheck import RecheckError, command, entry_of, pair_of, published_arms
 from pipeline.jobs.stage_output import ArmResult
 from speclab.specs.arms import Arm
 from speclab.stats.verdict import agreement

@@ -4,28 +4,25 @@ command is read: a recorded command that sets them reruns as the arm list they r
 its recorded hash. They are no keys of the live schema: a new job writes ``stage.arms``."""
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from pipeline.config.overrides import hydra_value
 from pipeline.config.schema import CONF_DIR, ConfigError
+from store.extend import override_key
 from store.legacy_arms import FLAGS, PEER_MODES, RECORDED, arms_from_flags, merged_flags
 
 FLAG_KEYS = tuple(f"stage.{k}" for k in FLAGS)
 LEGACY_FLAGS_ENV = "SPECLAB_LEGACY_FLAGS"  # a command line's flags, for its jobs (also in launcher subprocesses)
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def _value(override: str) -> Any:
     """A flag's value, checked as its schema checked it before stage.arms (the arms it makes are checked as arms)."""
     parsed = OverridesParser.create().parse_overrides([override])[0]
-    key = _key(override)
+    key = override_key(override)
     if parsed.is_sweep_override():
         raise ConfigError(f"{override} sweeps a flag from before stage.arms: sweep stage.arms instead "
                           "(docs/pipeline.md#arms)")
@@ -42,43 +39,27 @@ def _value(override: str) -> Any:
     return value
 
 
-def _text(value: Any) -> str:
-    """A value in Hydra's override grammar (a string quoted unless a plain name: a tree spec holds ':')."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_text(v) for v in value) + "]"
-    if isinstance(value, dict):  # an arm entry: its unset keys left out (null: the job's own)
-        return "{" + ",".join(f"{k}:{_text(v)}" for k, v in value.items() if v is not None) + "}"
-    text = str(value)
-    return text if re.fullmatch(r"[A-Za-z_][\w-]*", text) else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def translated(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> tuple[list[str], dict[str, Any]]:
     """``overrides`` with the flags the composed stage does not declare replaced by the ``stage.arms`` they ran, and
     every flag the stored job's hash is named by (store/legacy_arms.py ``merged_flags``; none: ``overrides`` as they
     are). ``compose`` composes a job from overrides (Hydra's compose). A flag the stage still declares as its own key
     (the acceptance stage's ``drafters``, ``k_policies``, ``trees``) stays as it is."""
-    flags = [o for o in overrides if _key(o) in FLAG_KEYS]
+    flags = [o for o in overrides if override_key(o) in FLAG_KEYS]
     if not flags:
         return list(overrides), {}
     rest = [o for o in overrides if o not in flags]
     cfg = compose(rest)
-    legacy = [o for o in flags if _key(o).split(".", 1)[1] not in cfg.stage]
+    legacy = [o for o in flags if override_key(o).split(".", 1)[1] not in cfg.stage]
     if not legacy:
         return list(overrides), {}
     if "arms" not in cfg.stage:
         raise ConfigError(f"{legacy[0]} is a flag of the speed stage's arms from before stage.arms: stage "
                           f"{cfg.stage.name} runs no arms")
-    stage = {**OmegaConf.to_container(cfg.stage, resolve=True), **{_key(o).split(".", 1)[1]: _value(o) for o in legacy}}
+    stage = {**OmegaConf.to_container(cfg.stage, resolve=True), **{override_key(o).split(".", 1)[1]: _value(o) for o in legacy}}
     drafter, policy = str(cfg.drafter.name), str(cfg.k_policy.name)
     named = merged_flags(stage, drafter, policy)
-    kept = [o for o in overrides if o not in legacy and _key(o) != "stage.arms"]
-    return ([*kept, f"stage.arms={_text(arms_from_flags(named, drafter, policy))}"],
+    kept = [o for o in overrides if o not in legacy and override_key(o) != "stage.arms"]
+    return ([*kept, f"stage.arms={hydra_value(arms_from_flags(named, drafter, policy))}"],
             {k: v for k, v in named.items() if k not in cfg.stage})
 
 
@@ -110,8 +91,8 @@ def command_line(args: list[str]) -> tuple[list[str], dict[str, Any]]:
     """A command line's arguments with its flags from before stage.arms run as the arms they ran, said in one line,
     and the flags its jobs' hashes are named by (``with_flags``). Only the ``key=value`` overrides compose the stage;
     Hydra's own options and ``hydra.`` keys pass through."""
-    overrides = [a for a in args if "=" in a and not a.startswith("-") and not _key(a).startswith("hydra.")]
-    if not any(_key(o) in FLAG_KEYS for o in overrides):
+    overrides = [a for a in args if "=" in a and not a.startswith("-") and not override_key(a).startswith("hydra.")]
+    if not any(override_key(o) in FLAG_KEYS for o in overrides):
         return list(args), {}
     new, flags = translated(overrides, compose_job)
     if not flags:

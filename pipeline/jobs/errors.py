@@ -13,6 +13,7 @@ from pipeline.config.schema import (
 from pipeline.tracking.redact import redact
 from speclab.engines.llama_cpp.build import BuildError
 from speclab.engines.llama_cpp.server import ServerError
+from store.extend import override_key
 
 # An engine's faults (a llama-server that cannot start or dies, a build that cannot be done here) are said in one
 # line by the engine itself: what failed and the server's last log line.
@@ -137,7 +138,7 @@ def _grammar_line(err: OverrideParseException) -> str:
             at = f" at {override[col]!r} (character {col + 1})"
     elif found := re.search(r"input '(.+?)'", lines[0] if lines else ""):  # the parser's errors name the input
         at = f" at {found.group(1)!r}"
-    key = override.split("=", 1)[0].lstrip("+~")
+    key = override_key(override)
     allowed = f"; {key} takes {CHECKS[key][1]}" if key in CHECKS else ""
     return (f"{override!r} cannot be read{at}: a value without quotes may hold {UNQUOTED}; put any other text "
             f"in quotes ({key}='...'){allowed}")

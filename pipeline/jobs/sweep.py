@@ -12,11 +12,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.jobs.summary import RECORD, multirun_summary, sweep_metrics
-from pipeline.tracking.mlflow_runs import (PARENT_ENV, PARENT_URI_ENV, SWEEP_DIR_ENV, SWEEP_PID_ENV, Tracker, _down,
-                                           machine_tags, note_text, say_unreachable, tracking_problem)
+from pipeline.tracking.mlflow_runs import (PARENT_ENV, PARENT_URI_ENV, SWEEP_DIR_ENV, SWEEP_PID_ENV, Tracker, machine_tags,
+                                           note_text, say_unreachable, tracking_problem)
 from pipeline.tracking.mlflow_view import SWEPT_ENV, swept_keys
 from pipeline.tracking.redact import redact
-from pipeline.tracking.secrets import resolve
+from store.extend import override_key
 from store.records import git_commit
 
 
@@ -24,7 +24,7 @@ def sweep_name(sweep: str, overrides: list[str], campaign: str, sweep_dir: str) 
     """A sweep run's name: the sweep, what it varies (its sweep overrides, ``k=2,4,6``), the campaign, when it
     started (to the second) and its multirun folder's name, where that is not the time already."""
     swept = set(swept_keys(overrides))
-    varies = " ".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept)
+    varies = " ".join(o for o in overrides if override_key(o) in swept)
     folder = Path(sweep_dir).name
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     when = started if folder.replace("-", "").isdigit() else f"{started} · {folder}"  # Hydra's own: the time
@@ -105,15 +105,3 @@ def summary_after_failure() -> None:
                                  [c.log_metric(parent, k, v) for k, v in sweep_metrics(table).items()]))
 
 
-def end_open_parent(status: str) -> None:
-    """A multirun that died: its parent run must not stay RUNNING (called by the entry point)."""
-    parent, uri = os.environ.pop(PARENT_ENV, None), os.environ.pop(PARENT_URI_ENV, None)
-    if parent and uri and not _down.get(uri):
-        try:
-            import mlflow
-
-            client = mlflow.MlflowClient(resolve(uri))
-            if client.get_run(parent).info.status == "RUNNING":
-                client.set_terminated(parent, status)
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass

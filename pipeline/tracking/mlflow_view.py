@@ -11,6 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from store.extend import override_key
+
 SWEPT_ENV = "SPECLAB_SWEPT"  # the keys a multirun sweeps (space separated), for its jobs' run names
 # Swept keys a run name already says in its own way (k3, r1, T0.7, the prompt source, the pair, the drafter...).
 NAMED = ("k", "round", "rotation", "pair", "prompts", "prompts.file", "prompts.kinds", "prompts.per_kind",
@@ -37,10 +39,6 @@ def _hydra():
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def prompt_source(cfg: DictConfig) -> str:
     """The prompts a job reads, as its run name says them: the prompt set chosen (``prompts=smoke``) unless the
     file was named on the command line, else the file's name without folder and suffix
@@ -48,7 +46,7 @@ def prompt_source(cfg: DictConfig) -> str:
     hc = _hydra()
     if hc is not None:
         choice = hc.runtime.choices.get("prompts")
-        if choice and not any(_key(o) == "prompts.file" for o in hc.overrides.task):
+        if choice and not any(override_key(o) == "prompts.file" for o in hc.overrides.task):
             return str(choice)
     return Path(str(cfg.prompts.file)).stem
 
@@ -76,7 +74,7 @@ def swept_values(cfg: DictConfig) -> list[str]:
         value = OmegaConf.select(cfg, key, default=None)
         if value is None or isinstance(value, (DictConfig,)) or OmegaConf.is_list(value):
             hc = _hydra()  # a config group (its chosen option) or a list: as the job's override says it
-            given = [o.split("=", 1)[1] for o in (hc.overrides.task if hc else []) if _key(o) == key]
+            given = [o.split("=", 1)[1] for o in (hc.overrides.task if hc else []) if override_key(o) == key]
             value = given[0] if given else None
         if value is not None:
             out.append(f"{key.rsplit('.', 1)[-1]}={value}")
