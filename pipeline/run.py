@@ -28,7 +28,8 @@ from pipeline.jobs.errors import error_line, interrupted_line, precheck, quiet_i
 from pipeline.jobs.execute import Job, end_as_job, ensure_writable, execute, terminate  # noqa: E402
 from pipeline.jobs.identity import campaign_dir  # noqa: E402
 from pipeline.jobs.shape_checks import check_shapes  # noqa: E402
-from pipeline.jobs.sweep import end_open_parent, summary_after_failure  # noqa: E402
+from pipeline.tracking.mlflow_runs import end_open_parent  # noqa: E402
+from pipeline.jobs.sweep import summary_after_failure  # noqa: E402
 from pipeline.stages import stage_module  # noqa: E402
 from store.extend import job_may_write  # noqa: E402
 from store.layout import STAGES  # noqa: E402

@@ -1,4 +1,4 @@
-"""A multirun ended by a job's failure still prints its summary, naming the job (pipeline.tracking.mlflow_runs)."""
+"""A multirun ended by a job's failure still prints its summary, naming the job (pipeline.jobs.sweep)."""
 import json
 
 from pipeline.jobs.summary import RECORD

@@ -25,9 +25,8 @@ from pipeline.jobs.inputs import find_best_fixed
 from pipeline.jobs.context import memory_columns, sampling_config, stage_ks
 from pipeline.engines.base import (BLOCK_STEP_FIELDS, AcceptanceRun, Engine, RequestResult, RunResult, StepTimes,
                                    TimedPass)
-from pipeline.engines.tree_drafter import job_tree_drafter
 from speclab.specs.arms import Arm, Job, expand_all, needs
-from speclab.specs.tree_shapes import is_tree, parse_tree
+from speclab.specs.tree_shapes import is_tree, make_tree_drafter, parse_tree
 from speclab.decoding.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.decoding.sampling import GREEDY
 from speclab.drafting.replay import Replay, replayable
@@ -106,6 +105,12 @@ def prompt_s(res: GenerationResult) -> float:
     """Time on the prompt: the prefill apart, or a merged prefill's first iteration (which also drafted and
     checked its proposals)."""
     return res.prefill_s + sum(i.total_s for i in res.iterations if i.with_prompt)
+
+
+def job_tree_drafter(cfg: Any, drafter: str, draft_model: Any) -> Any:
+    """The tree drafter of a ``tree:`` arm in a job: prompt-lookup trees take the job drafter's n-gram sizes."""
+    ngram = {key: int(cfg.drafter[key]) for key in ("max_ngram", "min_ngram") if key in cfg.drafter}
+    return make_tree_drafter(parse_tree(drafter), draft_model, ngram)
 
 
 def job_arms(ctx: StageContext, ks: list[int]) -> list[Arm]:

@@ -420,3 +420,17 @@ class Tracker:
 def resolved_config(cfg: DictConfig) -> dict:
     """The job's config as plain data (logged as the run's config.yaml)."""
     return redact_all(OmegaConf.to_container(cfg, resolve=True))
+
+
+def end_open_parent(status: str) -> None:
+    """A multirun that died: its parent run must not stay RUNNING (called by the entry point)."""
+    parent, uri = os.environ.pop(PARENT_ENV, None), os.environ.pop(PARENT_URI_ENV, None)
+    if parent and uri and not _down.get(uri):
+        try:
+            import mlflow
+
+            client = mlflow.MlflowClient(resolve(uri))
+            if client.get_run(parent).info.status == "RUNNING":
+                client.set_terminated(parent, status)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
