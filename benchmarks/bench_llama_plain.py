@@ -1,7 +1,7 @@
 """Is the speed stage's plain tokens/s in llama.cpp the engine's own? The stage against a direct timing.
 
 Per round: two whole arms, their order alternating: ``stage`` runs `python -m pipeline.run engine=llama_cpp stage=speed`
-with plain decoding only (``engine.arms=[]``) and reads its rows; ``direct`` starts llama-server itself (the same
+with plain decoding only (``stage.arms=[]``) and reads its rows; ``direct`` starts llama-server itself (the same
 binary, model and options, launched here, not by speclab) and sends the same requests (the same token ids,
 n_predict, greedy) through ``http.client``, timing each one around its HTTP exchange; then, drift-robust, per prompt
 back to back in alternating order, the stage's own request path (speclab's ``LlamaCppEngine.generate``, which times
@@ -41,7 +41,7 @@ SCHEMA = pa.schema([("round", pa.int32()), ("arm", pa.string()), ("position", pa
 
 
 def stage_rows(args, outputs: str, r: int) -> pd.DataFrame:
-    cmd = [sys.executable, "-m", "pipeline.run", "engine=llama_cpp", "stage=speed", "engine.arms=[]",
+    cmd = [sys.executable, "-m", "pipeline.run", "engine=llama_cpp", "stage=speed", "stage.arms=[]",
            f"pair={args.pair}", f"prompts.per_kind={args.per_kind}", f"max_new_tokens={args.max_new_tokens}",
            f"engine.threads={args.threads}", "stage.timing_repeats=1", "stage.timing_warmup=0",
            "mlflow.enabled=false", f"outputs_dir={outputs}", "campaign=bench", f"round={r}"]

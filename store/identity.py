@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from store.legacy_arms import RECORDED, identity_stage
+from store.legacy_arms import RECORDED, identity_tree
 
 CODE_KEY = "_target_"  # names the class that runs a setting (Hydra instantiate), not what it measures
 
@@ -51,17 +51,20 @@ def measured(flat: Mapping[str, Any], volatile: tuple[str, ...]) -> dict[str, An
 
 
 def config_hash(config: Mapping[str, Any], inputs: Mapping[str, Any] | None = None, *,
-                neutral: Mapping[str, Neutral], volatile: tuple[str, ...]) -> str:
+                neutral: Mapping[str, Neutral], volatile: tuple[str, ...],
+                engine_arms: Sequence[Mapping[str, Any]] = (),
+                stage_preset: Sequence[Mapping[str, Any]] | None = None) -> str:
     """The 16-hex-digit identity of a job: ``config`` is its resolved config as plain data, ``inputs`` what
     it reads besides (None: ``config`` already holds them under ``inputs``, frozen by the job), ``neutral``
     the dotted keys left out at their neutral value (``pipeline.config.schema.HASH_NEUTRAL``), ``volatile``
-    the keys that say where or how a job ran (``pipeline.config.schema.VOLATILE``)."""
+    the keys that say where or how a job ran (``pipeline.config.schema.VOLATILE``), ``engine_arms`` the engine's
+    default arms and ``stage_preset`` the arms its stage file sets (store/legacy_arms.py ``identity_tree``: how an
+    engine's arms hashed before ``stage.arms``)."""
     tree = dict(config) if inputs is None else {**config, "inputs": inputs}
     recorded = tree.pop(RECORDED, None) or {}  # a recorded command's flags from before stage.arms: stage keys then
     stage = str(config["stage"]["name"])
-    # A speed job's arm list hashes as the flags that came before it, where they express it (store/legacy_arms.py).
-    names = {group: str((config.get(group) or {}).get("name", "")) for group in ("drafter", "k_policy")}
-    tree["stage"] = identity_stage({**config["stage"], **recorded}, names["drafter"], names["k_policy"])
+    # A job's arm list hashes as the keys that came before it, where they express it (store/legacy_arms.py).
+    tree = identity_tree({**tree, "stage": {**config["stage"], **recorded}}, engine_arms, stage_preset)
     flat = {k: v for k, v in measured(flatten(tree), volatile).items()
             if not (k in neutral and neutral[k].leaves_out(v, stage))}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

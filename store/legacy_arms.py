@@ -1,15 +1,20 @@
-"""The speed stage's arms before they were a list: flags, and the translation both ways.
+"""The arms before they were one list, ``stage.arms``: the old dialects, and the translation both ways.
 
-Until ``stage.arms``, a speed job's compared configurations came from eight flags (below, with their defaults).
-Stored results are named by a hash of those flags, so a job's identity still is: an arm list that the flags can
-express hashes as those flags (``identity_stage``). The flags stay config keys, unset by default, so that a
-recorded command (``+sweep=check_plan stage.peer=false``) reruns as the same job: set, they apply to the
-composed arm list (``effective_arms``). Pure data: no torch, no Hydra.
+Stored results are named by a hash of the config their job ran, and three dialects came before ``stage.arms``:
+
+- the speed stage's eight flags (``FLAGS``, with their defaults);
+- the acceptance and plan stages' four keys (``ACCEPTANCE_KEYS``: drafters, k_policies, policy_drafters, trees);
+- llama.cpp's own list, ``engine.arms`` (``{drafter, ks, settings, default}`` entries).
+
+So a job's identity still is the old dialect wherever the old dialect expresses its arms (``identity_tree``): an arm
+list the flags or keys can express hashes as them, a llama.cpp job's configurations as its ``engine.arms``. A recorded
+command that sets an old key reruns as the arm list it ran (pipeline/config/legacy_flags.py), its keys riding beside
+it (``RECORDED``). Pure data: no torch, no Hydra.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from speclab.specs.arms import PEER_METHODS, ArmEntry
@@ -17,15 +22,22 @@ from speclab.specs.tree_shapes import parse_tree
 
 FLAGS: dict[str, Any] = {"peer": False, "peer_modes": ["matched"], "k_policies": [], "drafters": [],
                          "drafter_ks": [], "recommended": False, "best_fixed": False, "trees": []}
-# A stored job's hash leaves a flag out at its default, but for ``peer`` (every speed job hashed it) and the three the
-# acceptance stage still reads as keys of its own (drafters, k_policies, trees: their schema says when).
-NEUTRAL_FLAGS: dict[str, Any] = {k: v for k, v in FLAGS.items() if k in ("peer_modes", "drafter_ks", "recommended",
-                                                                          "best_fixed")}
+ACCEPTANCE_KEYS: dict[str, Any] = {"drafters": [], "k_policies": [], "policy_drafters": [], "trees": []}
+# A stored job's hash leaves an old key out at its neutral value (and, where given, only for these stages): the speed
+# flags at their defaults but ``peer`` (every speed job hashed it); the acceptance keys at [] (``k_policies`` only for
+# the acceptance stage: the speed stage and the plan hashed it).
+NEUTRAL_KEYS: dict[str, tuple[Any, tuple[str, ...] | None]] = {
+    **{k: (v, None) for k, v in FLAGS.items() if k in ("peer_modes", "drafter_ks", "recommended", "best_fixed")},
+    **{k: ([], ("acceptance",) if k == "k_policies" else None) for k in ACCEPTANCE_KEYS}}
+LLAMA_CPP = "llama_cpp"  # the engine whose configurations were ``engine.arms`` entries
+LLAMA_KEYS = ("drafter", "ks", "settings", "default")  # an engine.arms entry's keys
 PEER_MODES = {method: mode for mode, method in PEER_METHODS.items()}
 # The top-level key a recorded command's flags ride in beside the arms they ran (pipeline/config/legacy_flags.py): its
 # hash is named by them (``config_hash`` reads them into the stage), though they are no keys of the live schema.
 RECORDED = "recorded_flags"
-ENTRY_KEYS = tuple(f.name for f in fields(ArmEntry))  # method first
+# An entry's keys (method first); the engine's own (settings, default) appear in a hashed list only where set.
+ENTRY_KEYS = ("method", "drafter", "k_policy", "ks", "tree")
+ENGINE_ENTRY_KEYS = tuple(f.name for f in fields(ArmEntry) if f.name not in ENTRY_KEYS)
 
 
 def _entry(method: str = "speculative", **given: Any) -> dict[str, Any]:
@@ -42,8 +54,11 @@ def _value(e: Mapping[str, Any], key: str) -> Any:
 
 
 def normalized(arms: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Entries with every key (absent ones null), lists as lists, tree shapes as their short specs."""
-    return [{k: _value(e, k) for k in ENTRY_KEYS} for e in arms]
+    """Entries with every key (absent ones null), lists as lists, tree shapes as their short specs; an engine's own
+    keys only where set."""
+    defaults = {f.name: f.default for f in fields(ArmEntry)}
+    return [{**{k: _value(e, k) for k in ENTRY_KEYS},
+             **{k: e[k] for k in ENGINE_ENTRY_KEYS if e.get(k, defaults[k]) != defaults[k]}} for e in arms]
 
 
 def arms_from_flags(flags: Mapping[str, Any], drafter: str, policy: str) -> list[dict[str, Any]]:
@@ -83,31 +98,110 @@ def flags_from_arms(arms: Sequence[Mapping[str, Any]], drafter: str, policy: str
     return f if arms_from_flags(f, drafter, policy) == entries else None
 
 
-def set_flags(stage: Mapping[str, Any]) -> dict[str, Any]:
-    """The flags a stage sets (unset ones are null)."""
-    return {k: stage[k] for k in FLAGS if stage.get(k) is not None}
+def arms_from_keys(keys: Mapping[str, Any], drafter: str, policy: str) -> list[dict[str, Any]]:
+    """The arm entries the acceptance stage's keys ran: each drafter at the stage's ks (none: the job's), then each
+    adaptive policy with each of policy_drafters (none: the job's), then the trees. (A policy that is the job's own
+    ran only at the stage's ks, as its chains did: the entry adds no configuration, speclab.specs.arms.expand.)"""
+    k = {**ACCEPTANCE_KEYS, **keys}
+    out = [_entry(drafter=str(d)) for d in k["drafters"]] or [_entry()]
+    out += [_entry(drafter=None if d is None else str(d), k_policy=str(p))
+            for d in (k["policy_drafters"] or [None]) for p in k["k_policies"]]
+    return out + [_entry(tree=_value({"tree": t}, "tree")) for t in k["trees"]]
+
+
+def keys_from_arms(arms: Sequence[Mapping[str, Any]], drafter: str, policy: str) -> dict[str, Any] | None:
+    """The acceptance keys that run exactly these entries, or None where none do (then the list is the identity)."""
+    entries = normalized(arms)
+    chains = [e for e in entries if e["k_policy"] is None and e["tree"] is None]
+    policies = [e for e in entries if e["k_policy"] is not None]
+    keys = {"drafters": [] if chains == [_entry()] else [e["drafter"] for e in chains],
+            "k_policies": list(dict.fromkeys(e["k_policy"] for e in policies)),
+            "policy_drafters": [d for d in dict.fromkeys(e["drafter"] for e in policies) if d is not None],
+            "trees": [e["tree"] for e in entries if e["tree"] is not None]}
+    return keys if arms_from_keys(keys, drafter, policy) == entries else None
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One stage family's keys from before ``stage.arms`` and their translation both ways."""
+
+    keys: Mapping[str, Any]
+    to_arms: Callable[[Mapping[str, Any], str, str], list[dict[str, Any]]]
+    from_arms: Callable[[Sequence[Mapping[str, Any]], str, str], dict[str, Any] | None]
+
+
+SPEED = Dialect(FLAGS, arms_from_flags, flags_from_arms)
+ACCEPTANCE = Dialect(ACCEPTANCE_KEYS, arms_from_keys, keys_from_arms)
+
+
+def dialect(stage: Mapping[str, Any]) -> Dialect:
+    """The old dialect of a stage's arms, by its schema: the speed flags for a stage of the speed stage's schema (it
+    races: speed, quick, all), else the acceptance keys (acceptance, plan)."""
+    return SPEED if "race" in stage else ACCEPTANCE
+
+
+def set_flags(stage: Mapping[str, Any], d: Dialect = SPEED) -> dict[str, Any]:
+    """The old keys a stage sets (unset ones are null)."""
+    return {k: stage[k] for k in d.keys if stage.get(k) is not None}
 
 
 def merged_flags(stage: Mapping[str, Any], drafter: str, policy: str) -> dict[str, Any] | None:
-    """The flags of the stage's arm list with the flags it sets on top, or None where no flags express the list
+    """The old keys of the stage's arm list with those it sets on top, or None where no keys express the list
     (and it sets none)."""
-    given, base = set_flags(stage), flags_from_arms(stage["arms"], drafter, policy)
+    d = dialect(stage)
+    given, base = set_flags(stage, d), d.from_arms(stage["arms"], drafter, policy)
     if given and base is None:
         raise ValueError(f"stage.arms={list(stage['arms'])} cannot take the flags {given}: write the arm list alone")
     return {**base, **given} if base is not None else None
 
 
 def effective_arms(stage: Mapping[str, Any], drafter: str, policy: str) -> list[dict[str, Any]]:
-    """The arm entries a job runs: its list, or what the flags it sets make of it."""
-    if not set_flags(stage):
+    """The arm entries a job runs: its list, or what the old keys it sets make of it."""
+    d = dialect(stage)
+    if not set_flags(stage, d):
         return normalized(stage["arms"])
-    return arms_from_flags(merged_flags(stage, drafter, policy), drafter, policy)
+    return d.to_arms(merged_flags(stage, drafter, policy), drafter, policy)
 
 
 def identity_stage(stage: Mapping[str, Any], drafter: str, policy: str) -> dict[str, Any]:
-    """The stage as a job's hash sees it: its arms as the flags that express them, where flags can."""
+    """The stage as a job's hash sees it: its arms as the old keys that express them, where keys can."""
     if "arms" not in stage:
         return dict(stage)
-    out = {k: v for k, v in stage.items() if k != "arms" and k not in FLAGS}
-    flags = merged_flags(stage, drafter, policy)
-    return {**out, **flags} if flags is not None else {**out, "arms": normalized(stage["arms"])}
+    d = dialect(stage)
+    out = {k: v for k, v in stage.items() if k != "arms" and k not in d.keys}
+    keys = merged_flags(stage, drafter, policy)
+    return {**out, **keys} if keys is not None else {**out, "arms": normalized(stage["arms"])}
+
+
+def llama_entry(e: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry as llama.cpp's ``engine.arms`` wrote it: only the keys set."""
+    return {k: e[k] for k in LLAMA_KEYS if e.get(k) not in (None, False)}
+
+
+def hashed_arms(engine: str, arms: Sequence[Mapping[str, Any]],
+                stage_preset: Sequence[Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The stage's arm entries as a job's hash sees them: a llama.cpp job's stage kept what it had before its
+    configurations were arms, its stage file's preset (``stage_preset``: stage=plan's speclab drafters, set though
+    unread; none: the job's own drafter) and the plan's choice; another engine's, the arms it runs."""
+    entries = normalized(arms)
+    if engine != LLAMA_CPP:
+        return entries
+    return [*normalized(stage_preset or [{}]), *(e for e in entries if e["method"] != "speculative")]
+
+
+def identity_tree(tree: Mapping[str, Any], engine_arms: Sequence[Mapping[str, Any]] = (),
+                  stage_preset: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """A job's plain config as its hash sees it. A llama.cpp job's configurations hash as its ``engine.arms``, as they
+    did before ``stage.arms`` (a stage without arms: the engine's default arms, ``engine_arms``); its stage's arms as
+    they were then: the stage file's preset (``stage_preset``: stage=plan's speclab drafters, set though unread) or the
+    job's own, and the plan's choice. Then the stage's arms as its dialect's keys (``identity_stage``)."""
+    out = dict(tree)
+    stage = dict(out["stage"])
+    names = {group: str((out.get(group) or {}).get("name", "")) for group in ("drafter", "k_policy")}
+    if str((out.get("engine") or {}).get("name", "")) == LLAMA_CPP:
+        entries = normalized(stage["arms"]) if stage.get("arms") is not None else normalized(engine_arms)
+        out["engine"] = {**out["engine"], "arms": [llama_entry(e) for e in entries if e["method"] == "speculative"]}
+        if "arms" in stage:
+            stage["arms"] = hashed_arms(LLAMA_CPP, entries, stage_preset)
+    out["stage"] = identity_stage(stage, names["drafter"], names["k_policy"])
+    return out

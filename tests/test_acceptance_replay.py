@@ -12,8 +12,8 @@ from pipeline_helpers import make_cfg
 
 COUNTS = ["proposed", "accepted", "bonus", "new_tokens", "length", "draft_fed", "draft_calls", "with_prompt"]
 KEYS = ["prompt_id", "drafter", "k_policy", "k", "iteration"]
-SETTINGS = ["stage=acceptance", "stage.ks=[1,2,5]", "k=2", "stage.drafters=[model,prompt_lookup,hybrid]",
-            "stage.k_policies=[heuristic]", "max_new_tokens=16", "prompts.per_kind=1"]
+SETTINGS = ["stage=acceptance", "stage.ks=[1,2,5]", "k=2", "stage.arms=[{drafter:model},{drafter:prompt_lookup},"
+            "{drafter:hybrid},{k_policy:heuristic}]", "max_new_tokens=16", "prompts.per_kind=1"]
 
 
 def _rows(tmp_path, name, *extra):
@@ -54,7 +54,7 @@ def test_the_time_model_calibrates_on_measured_runs_and_predicts_every_run(both,
 
 
 def test_sampling_runs_the_loop_every_time(tmp_path):
-    rows = _rows(tmp_path, "t07", "stage.replay=true", "sampling=t07", "stage.drafters=[model]", "stage.k_policies=[]")
+    rows = _rows(tmp_path, "t07", "stage.replay=true", "sampling=t07", "stage.arms=[{drafter:model}]")
     assert not rows.replayed.any() and rows.verify_s.notna().all()
 
 

@@ -14,7 +14,7 @@ SMALL = ("stage.repeats=2", "stage.warmup=0", "stage.timing_repeats=2", "stage.t
 def test_analysis_scripts_produce_report(tmp_path, monkeypatch):
     outputs = tmp_path / "outputs"
     run_parts(make_cfg(tmp_path, "campaign=e2e", "stage=all", "stage.ks=[1,2]", "stage.acceptance_ks=[1,2]",
-                       "stage.k_policies=[cost_model,heuristic]",
+                       "stage.arms=[{},{k_policy:cost_model},{k_policy:heuristic}]",
                        *SMALL))
     run_parts(make_cfg(tmp_path, "campaign=e2e", "stage=speed", "drafter=prompt_lookup", "stage.ks=[2]",
                        "stage.timing_repeats=2", "stage.timing_warmup=0"))

@@ -106,29 +106,30 @@ def test_flags_translate_to_arms_and_back(flags):
 def test_a_list_flags_cannot_express_keeps_its_own_identity():
     arms = [{"drafter": "prompt_lookup", "ks": [2]}, {}]  # the job's own arms second: no flags ran that order
     assert flags_from_arms(arms, "model", "fixed") is None
-    stage = identity_stage({"name": "speed", "arms": arms}, "model", "fixed")
+    stage = identity_stage({"name": "speed", "race": False, "arms": arms}, "model", "fixed")
     assert "arms" in stage and not set(FLAGS) & set(stage)
 
 
 def test_the_hash_sees_the_flags_of_an_expressible_list():
-    stage = identity_stage({"name": "speed", "ks": [4], "arms": [{}]}, "model", "fixed")
-    assert stage == {"name": "speed", "ks": [4], **FLAGS}
+    stage = identity_stage({"name": "speed", "race": False, "ks": [4], "arms": [{}]}, "model", "fixed")
+    assert stage == {"name": "speed", "race": False, "ks": [4], **FLAGS}
 
 
 def test_a_recorded_flag_applies_to_the_presets_list_and_keeps_the_flags_identity():
     preset = arms_from_flags(PRESET_FLAGS[1], "model", "fixed")
-    stage = {"name": "speed", "arms": preset, **dict.fromkeys(FLAGS), "peer": False}
+    stage = {"name": "speed", "race": False, "arms": preset, **dict.fromkeys(FLAGS), "peer": False}
     assert not any(a["method"] == "hf_default" for a in effective_arms(stage, "model", "fixed"))
     # the peer's mode was hashed though the peer did not run: the hash still sees it
-    assert identity_stage(stage, "model", "fixed") == {"name": "speed", **FLAGS, **PRESET_FLAGS[1], "peer": False}
-    stage = {"name": "speed", "arms": preset, **dict.fromkeys(FLAGS), "drafter_ks": [2, 4]}
+    assert identity_stage(stage, "model", "fixed") == {"name": "speed", "race": False, **FLAGS, **PRESET_FLAGS[1],
+                                                        "peer": False}
+    stage = {"name": "speed", "race": False, "arms": preset, **dict.fromkeys(FLAGS), "drafter_ks": [2, 4]}
     assert [a["ks"] for a in effective_arms(stage, "model", "fixed") if a["drafter"]] == [[2, 4], [2, 4]]
-    assert effective_arms({"arms": preset, **dict.fromkeys(FLAGS)}, "model", "fixed") == preset
+    assert effective_arms({"race": False, "arms": preset, **dict.fromkeys(FLAGS)}, "model", "fixed") == preset
 
 
 def test_flags_on_a_list_they_cannot_express_are_refused():
     with pytest.raises(ValueError, match="cannot take the flags"):
-        effective_arms({"arms": [{"ks": [2]}, {}], "peer": True}, "model", "fixed")
+        effective_arms({"race": False, "arms": [{"ks": [2]}, {}], "peer": True}, "model", "fixed")
 
 
 def test_entries_default_to_the_job():
@@ -143,3 +144,68 @@ def test_a_tree_shape_is_data_or_its_short_spec_and_both_are_one_arm_and_one_job
     assert as_data == identity_stage({"name": "speed", "arms": [{}, {"tree": "static:3-2-1-1"}]}, "model", "fixed")
     with pytest.raises(ValueError, match="takes"):
         entry({"tree": {"family": "static", "depth": 3}})
+
+
+# -- one dialect: every stage's and every engine's arms are stage.arms entries, built by Hydra's instantiate ----------
+@pytest.mark.parametrize("engine, stage, want", [
+    ("speclab", "speed", [ArmEntry()]),
+    ("speclab", "acceptance", [ArmEntry()]),
+    ("speclab", "plan", [ArmEntry(drafter=d, k_policy=p) for p in (None, "cost_model")
+                         for d in ("model", "prompt_lookup", "hybrid")]),
+    ("llama_cpp", "speed", [ArmEntry(), ArmEntry(drafter="ngram-simple", default=True)]),
+    ("llama_cpp", "plan", [ArmEntry(), ArmEntry(drafter="ngram-simple", default=True)]),  # plan.yaml's are speclab's
+])
+def test_each_stage_builds_its_arm_entries_by_instantiate(tmp_path, monkeypatch, engine, stage, want):
+    import pipeline.jobs.arms as arms
+    from pipeline_helpers import make_cfg
+
+    built = []
+    real = arms.instantiate
+    monkeypatch.setattr(arms, "instantiate", lambda conf, **kw: built.append(conf["_target_"]) or real(conf, **kw))
+    got = arms.stage_entries(make_cfg(tmp_path, f"engine={engine}", f"stage={stage}"))
+    assert got == want and all(isinstance(e, ArmEntry) for e in got)
+    assert built == [arms.ARM_ENTRY] * len(want)  # each one built by Hydra, none parsed by hand
+
+
+def test_a_llama_entry_and_a_speclab_entry_are_one_dataclass(tmp_path):
+    from pipeline.jobs.arms import stage_entries
+    from pipeline_helpers import make_cfg
+
+    arms = "[{drafter:model,ks:[4,8],settings:{p_min:0.75}},{method:recommended}]"
+    got = stage_entries(make_cfg(tmp_path, "engine=llama_cpp", "stage=speed", f"stage.arms={arms}"))
+    assert got == [ArmEntry(drafter="model", ks=[4, 8], settings={"p_min": 0.75}), ArmEntry(method="recommended")]
+    assert stage_entries(make_cfg(tmp_path, "stage=timing")) == []  # a stage without arms
+
+
+def test_a_llama_job_hashes_its_arms_as_its_engine_arms_did():
+    """Before stage.arms llama.cpp's configurations were engine.arms; the stage kept its own keys (stage.plan's preset
+    though unread) and the plan's choice (store/legacy_arms.py identity_tree)."""
+    from store.legacy_arms import identity_tree
+
+    tree = {"engine": {"name": "llama_cpp"}, "drafter": {"name": "model"}, "k_policy": {"name": "fixed"},
+            "stage": {"name": "speed", "race": False,
+                      "arms": [{"drafter": "model", "ks": [4]}, {"drafter": "ngram-simple", "default": True},
+                               {"method": "recommended"}]}}
+    out = identity_tree(tree)
+    assert out["engine"]["arms"] == [{"drafter": "model", "ks": [4]}, {"drafter": "ngram-simple", "default": True}]
+    assert out["stage"] == {"name": "speed", "race": False, **FLAGS, "recommended": True}
+    timing = identity_tree({**tree, "stage": {"name": "timing"}}, engine_arms=[{}])
+    assert timing["engine"]["arms"] == [{}] and timing["stage"] == {"name": "timing"}
+    plan = identity_tree({**tree, "stage": {"name": "plan", "arms": [{}]}}, stage_preset=[{"drafter": "hybrid"}])
+    assert plan["stage"] == {"name": "plan", "drafters": ["hybrid"], "k_policies": [], "policy_drafters": [],
+                             "trees": []}
+    speclab = identity_tree({**tree, "engine": {"name": "speclab"}})
+    assert "arms" not in speclab["engine"] and "arms" in speclab["stage"]  # a list the flags cannot express
+
+
+def test_the_acceptance_keys_translate_to_arms_and_back():
+    from store.legacy_arms import arms_from_keys, keys_from_arms
+
+    keys = {"drafters": ["model", "prompt_lookup"], "k_policies": ["cost_model"], "policy_drafters": ["hybrid"],
+            "trees": ["static:2-1"]}
+    arms = arms_from_keys(keys, "model", "fixed")
+    assert [(a["drafter"], a["k_policy"], a["tree"]) for a in arms] == [
+        ("model", None, None), ("prompt_lookup", None, None), ("hybrid", "cost_model", None), (None, None, "static:2-1")]
+    assert keys_from_arms(arms, "model", "fixed") == keys
+    assert keys_from_arms([{}], "model", "fixed") == {"drafters": [], "k_policies": [], "policy_drafters": [], "trees": []}
+    assert keys_from_arms([{"ks": [2]}], "model", "fixed") is None  # ks of its own: no keys ran that

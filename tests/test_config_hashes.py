@@ -32,6 +32,9 @@ def cases() -> list[list[str]]:
         out += [[f"+sweep={path.stem}", *point] for point in itertools.product(*grid)]
     for path in sorted((ROOT / "conf" / "stage").glob("*.yaml")):
         out += [[f"stage={path.stem}"], [f"stage={path.stem}", "drafter=prompt_lookup", "k_policy=cost_model"]]
+    # llama.cpp's stages: its configurations were its own engine.arms list before stage.arms (store/legacy_arms.py)
+    out += [["engine=llama_cpp", f"stage={stage}"] for stage in ("timing", "acceptance", "speed", "divergence", "plan",
+                                                                 "quick")]
     return out
 
 
@@ -43,7 +46,7 @@ def hashes() -> dict[str, str]:
                 for c in cases()}
 
 
-@pytest.mark.slow  # 131 compositions; tests/test_migration.py checks every recorded job in the fast tier
+@pytest.mark.slow  # 137 compositions; tests/test_migration.py checks every recorded job in the fast tier
 def test_every_preset_and_stage_option_keeps_its_config_hash():
     golden = json.loads(GOLDEN.read_text())
     now = hashes()

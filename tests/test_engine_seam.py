@@ -262,7 +262,7 @@ def test_llama_runner_answers_the_seam_over_faked_servers(tmp_path, stage):
 
     own = {"timing": ["stage.repeats=2"], "speed": ["stage.ks=[2,3]", "stage.rounds=1"]}.get(stage, ["stage.ks=[2,3]"])
     cfg = make_cfg(tmp_path, "engine=llama_cpp", f"stage={stage}", "prompts.kinds=[code]", "prompts.per_kind=1",
-                   "engine.arms=[{ks:[2,3]}]", *own)
+                   *(["stage.arms=[{ks:[2,3]}]"] if stage in ("acceptance", "speed") else []), *own)
     ctx = own_context(cfg)
     runner = LlamaRunner(**{k: v for k, v in cfg.engine.items() if k != "_target_"})
     runner.engine, runner.draft_label, runner._weights = FakeLlamaCpp(), "fake draft", "gguf:Q4_1"

@@ -51,9 +51,24 @@ def test_a_flag_that_changes_no_arm_still_names_the_job(compose_job):
     assert cfg.recorded_flags.peer_modes == ["default"] and config_hash(cfg) != config_hash(compose_job(given))
 
 
-def test_a_key_the_acceptance_stage_reads_is_left_as_it_is(compose_job):
-    assert translated(["stage=acceptance", "stage.trees=[static:2-1]"], compose_job) == (
-        ["stage=acceptance", "stage.trees=[static:2-1]"], {})
+def test_an_acceptance_key_runs_as_the_arms_it_ran_in_the_acceptance_dialect(compose_job):
+    """stage.trees on the acceptance stage added a tree beside the job's chains (not the speed flag's meaning)."""
+    given, keys = translated(["stage=acceptance", "stage.trees=[static:2-1]"], compose_job)
+    assert given == ["stage=acceptance", "stage.arms=[{method:'speculative'},{method:'speculative',tree:'static:2-1'}]"]
+    assert keys == {"drafters": [], "k_policies": [], "policy_drafters": [], "trees": ["static:2-1"]}
+    cfg = compose_recorded(["stage=acceptance", "stage.trees=[static:2-1]"], compose_job)
+    assert config_hash(cfg) == config_hash(compose_job(given))  # the keys the list expresses: the same job
+
+
+def test_the_plan_keys_run_as_their_arms_and_keep_the_plan_hash(compose_job):
+    """A recorded plan with stage.policy_drafters=[] ran the cost-model k with the job's drafter only."""
+    given, keys = translated(["stage=plan", "stage.policy_drafters=[]"], compose_job)
+    assert given[-1] == ("stage.arms=[{method:'speculative',drafter:'model'},{method:'speculative',drafter:"
+                         "'prompt_lookup'},{method:'speculative',drafter:'hybrid'},{method:'speculative',"
+                         "k_policy:'cost_model'}]")
+    assert keys["policy_drafters"] == [] and keys["k_policies"] == ["cost_model"]
+    assert config_hash(compose_recorded(["stage=plan", "stage.policy_drafters=[]"], compose_job)) != config_hash(
+        compose_job(["stage=plan"]))
 
 
 @pytest.mark.parametrize("override, said", [

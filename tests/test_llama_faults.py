@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.llama_cpp, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "SPECLAB_TEST_TAG"  # set in a job's environment, which its servers inherit: how a test finds its own servers
 JOB = ("engine=llama_cpp", "stage=speed", "pair=smollm2_int8", "prompts=smoke", "max_new_tokens=4", "stage.ks=[2]",
-       "stage.timing_repeats=1", "stage.timing_warmup=0", "engine.arms=[{}]")
+       "stage.timing_repeats=1", "stage.timing_warmup=0", "stage.arms=[{}]")
 # A job that keeps its servers busy for a while (a kill always finds it running).
 LONG = ("prompts.per_kind=3", "max_new_tokens=48", "stage.rounds=5")
 OTHER_JOB = ("pair=tiny_random", "prompts=smoke", "device=cpu", "stage=acceptance", "max_new_tokens=4")

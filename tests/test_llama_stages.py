@@ -64,11 +64,15 @@ def _rows(tmp_path: Path, stage: str) -> pd.DataFrame:
 REFUSED = {
     "distribution": (["stage=distribution"], "stage part distribution needs speclab's own loop"),
     "batch": (["stage=batch"], "stage part batch needs speclab's own loop"),
-    "stage_arms": (["stage=speed", "stage.arms=[{drafter:prompt_lookup}]"], "llama.cpp's arms are engine.arms"),
+    "stage_arms": (["stage=speed", "stage.arms=[{drafter:prompt_lookup}]"],
+                   "stage.arms entry {'drafter': 'prompt_lookup'}: drafter='prompt_lookup' is not a llama.cpp speculative type"),
+    "peer": (["stage=speed", "stage.arms=[{},{method:hf_default}]"], "method hf_default is speclab's"),
+    "bad_setting": (["stage=speed", "stage.arms=[{drafter:model,settings:{size_n:3}}]"],
+                    "settings.size_n is not a setting of llama.cpp's model"),
     "drafter": (["stage=speed", "drafter=prompt_lookup"], "drafter=prompt_lookup is speclab's own drafter"),
     "k_policy": (["stage=speed", "k_policy=cost_model"], "k_policy=cost_model is speclab's own k policy"),
-    "trees": (["stage=acceptance", "stage.trees=[static:2-1]"], "stage.trees=['static:2-1'] are speclab's token trees"),
-    "extra_drafters": (["stage=acceptance", "stage.drafters=[prompt_lookup]"], "stage.drafters=['prompt_lookup']"),
+    "trees": (["stage=acceptance", "stage.arms=[{tree:'static:2-1'}]"], "tree is speclab's; llama.cpp drafts chains"),
+    "k_policies": (["stage=acceptance", "stage.arms=[{k_policy:cost_model}]"], "k_policy is speclab's"),
     "prefill": (["stage=timing", "stage.prefill=true"], "stage.prefill=true"),
     "tree_nodes": (["stage=timing", "stage.tree_nodes=[3]"], "stage.tree_nodes=[3]"),
     "tie_ulps": (["stage=divergence", "stage.tie_ulps=8"], "stage.tie_ulps=8"),
@@ -87,13 +91,12 @@ def test_llama_refuses_what_it_cannot_run(tmp_path, case):
 
 # A value set for each stage key only speclab's loop reads (the schema's ``engine=SPECLAB``): a key declared so is
 # refused under llama.cpp, and this table says with what.
-SPECLAB_SET = {"drafters": "[prompt_lookup]", "k_policies": "[cost_model]", "policy_drafters": "[hybrid]",
-               "trees": "[static:2-1]", "prefill": "true", "tree_nodes": "[3]", "tie_ulps": "8"}
+SPECLAB_SET = {"prefill": "true", "tree_nodes": "[3]", "tie_ulps": "8"}
 
 
 def test_the_keys_only_speclab_reads_are_declared_in_the_schema():
     assert set(ENGINE_KEYS[SPECLAB]) == set(SPECLAB_SET)
-    assert set(PLAN_PRESETS) == {"drafters", "k_policies", "policy_drafters", "prefill"}  # conf/stage/plan.yaml's
+    assert set(PLAN_PRESETS) == {"prefill"}  # conf/stage/plan.yaml's (its arms: arm_list, the engine's own)
 
 
 @pytest.mark.parametrize("key", sorted(SPECLAB_SET))
@@ -178,7 +181,7 @@ def test_identical_outputs_give_a_short_record():
 @pytest.mark.llama_cpp
 @pytest.mark.slow
 def test_default_job_runs_acceptance_per_request(tmp_path):
-    done = _job(tmp_path)  # stage quick: acceptance and speed, engine.arms at its default
+    done = _job(tmp_path)  # stage quick: acceptance and speed, stage.arms at the engine's default
     assert done.returncode == 0, done.stderr[-2000:]
     acc = _rows(tmp_path, "acceptance")
     assert set(acc.engine) == {"llama_cpp"} and set(acc.drafter) == {"model", "ngram-simple"}

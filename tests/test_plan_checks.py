@@ -128,8 +128,8 @@ def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_fr
     cfg = make_cfg(tmp_path, "stage=plan", "stage.acceptance_ks=[1,2]", "k=3")
     runs = configurations(cfg)
     assert [r for r in runs if r[1] == "cost_model"] == [(d, "cost_model", 3) for d in ("model", "prompt_lookup", "hybrid")]
-    default = configurations(make_cfg(tmp_path, "stage=acceptance", "stage.ks=[2]", "stage.k_policies=[cost_model]"))
-    assert default[-1] == ("model", "cost_model", 4)  # no policy_drafters: the job's own drafter
+    default = configurations(make_cfg(tmp_path, "stage=acceptance", "stage.ks=[2]", "stage.arms=[{},{k_policy:cost_model}]"))
+    assert default == [("model", "fixed", 2), ("model", "cost_model", 4)]  # no drafter: the job's own, at the top k
     table = CostTable({1: 0.7, 2: 0.8}, {1: 1.1, 2: 1.2})
 
     def for_drafter(table: CostTable, drafter: str, label: object = None) -> CostTable:

@@ -19,7 +19,7 @@ from pipeline.config.schema import (CHECKS, HASH_NEUTRAL, SCHEMAS, STAGE_SCHEMAS
                                     register)
 from pipeline.config.settings import NOT_NEUTRAL, declarations, same_as, setting
 from pipeline.config.value_checks import int_at_least
-from store.legacy_arms import FLAGS, NEUTRAL_FLAGS
+from store.legacy_arms import ACCEPTANCE_KEYS, FLAGS, NEUTRAL_KEYS
 from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,10 +103,10 @@ def _plain(value: Any) -> Any:
 def test_every_checked_or_neutral_key_is_a_declared_field():
     declared = declarations(SCHEMAS)
     assert set(CHECKS) - {"drafter.name", "k_policy.name"} <= set(declared)
-    flags = {f"stage.{k}" for k in NEUTRAL_FLAGS}  # no live keys: their neutral values name stored jobs only
+    flags = {f"stage.{k}" for k in NEUTRAL_KEYS}  # no live keys: their neutral values name stored jobs only
     assert set(HASH_NEUTRAL) - flags <= set(declared) and not flags & set(declared)
     for key, neutral in HASH_NEUTRAL.items():
-        assert (NEUTRAL_FLAGS[key.split(".", 1)[1]] if key in flags else declared[key]["neutral"]) == neutral.value \
+        assert (NEUTRAL_KEYS[key.split(".", 1)[1]][0] if key in flags else declared[key]["neutral"]) == neutral.value \
             is not NOT_NEUTRAL
 
 
@@ -125,22 +125,21 @@ def test_where_and_how_a_job_ran_is_declared_in_the_schema_only():
     assert identity.measured(flat, VOLATILE) == {"k": 4, "engine.threads": 2}  # llama-server's threads are measured
 
 
-# stage=all runs the acceptance part too: its extra configurations stay its keys (and add speed arms as flags did)
-ALL_STAGE_ACCEPTANCE_KEYS = {("all", "drafters"), ("all", "k_policies"), ("all", "trees")}
-
-
-def test_the_legacy_flags_are_no_live_keys_and_keep_their_neutral_values():
-    """store/legacy_arms.py FLAGS is the one home of the old speed flags and their defaults: no stage with arms declares
-    them (a recorded command's are translated into arms, pipeline/config/legacy_flags.py), and a stored job's hash still
-    leaves each out at its default (store.legacy_arms.NEUTRAL_FLAGS, or the acceptance stage's own key)."""
+def test_the_legacy_keys_are_no_live_keys_and_keep_their_neutral_values():
+    """store/legacy_arms.py is the one home of the keys from before stage.arms (the speed flags, the acceptance and plan
+    stages' keys) and their neutral values: no stage declares them (a recorded command's are translated into arms,
+    pipeline/config/legacy_flags.py), and a stored job's hash still leaves each out at its neutral value."""
+    for key in {**FLAGS, **ACCEPTANCE_KEYS}:
+        assert not [name for name, schema in STAGE_SCHEMAS.items() if key in schema.__dataclass_fields__], key
     for key, default in FLAGS.items():
-        assert not [name for name, schema in STAGE_SCHEMAS.items() if key in schema.__dataclass_fields__
-                    and "arms" in schema.__dataclass_fields__ and (name, key) not in ALL_STAGE_ACCEPTANCE_KEYS], key
         neutral = HASH_NEUTRAL.get(f"stage.{key}")
         if key == "peer":
             assert neutral is None  # every speed job hashed stage.peer (store.legacy_arms.identity_stage)
-        else:
+        elif key not in ACCEPTANCE_KEYS:
             assert neutral is not None and neutral.value == default, f"stage.{key}: {neutral} != {default!r}"
+    for key in ACCEPTANCE_KEYS:  # the acceptance stage hashed them from [] on; the speed stage k_policies always
+        neutral = HASH_NEUTRAL[f"stage.{key}"]
+        assert neutral.value == [] and neutral.only_for == (("acceptance",) if key == "k_policies" else None)
 
 
 def test_a_key_stages_share_by_running_alike_is_declared_once():

@@ -37,9 +37,10 @@ def _refusal(cfg, free=MACHINE) -> str:
 
 
 @pytest.mark.parametrize("overrides, key, what", [
-    (["stage=acceptance", "stage.trees=[dynamic:3-1000-1000000]", "max_new_tokens=48"],
-     "stage.trees=[dynamic:3-1000-1000000]", "68,160 nodes"),  # topk limited by the 64-token vocabulary
-    (["stage=acceptance", "stage.trees=[static:60-60-60]"], "stage.trees=[static:60-60-60]", "219,660 nodes"),
+    (["stage=acceptance", "stage.arms=[{tree:'dynamic:3-1000-1000000'}]", "max_new_tokens=48"],
+     "stage.arms entry {tree: 'dynamic:3-1000-1000000'}", "68,160 nodes"),  # topk limited by the 64-token vocabulary
+    (["stage=acceptance", "stage.arms=[{},{tree:'static:60-60-60'}]"], "stage.arms entry {tree: 'static:60-60-60'}",
+     "219,660 nodes"),
     (["stage=speed", "stage.arms=[{},{tree:'static:2-1'},{tree:'static:64-64-64'}]"], "static:64-64-64",
      "266,304 nodes"),
     (["stage=speed", "stage.arms=[{},{tree:'static:64-64-64'}]"], "stage.arms entry {tree: 'static:64-64-64'}",
@@ -71,7 +72,7 @@ def test_the_estimate_reads_the_pairs_config_and_says_when_it_cannot(tmp_path):
     target, draft = pair_models(make_cfg(tmp_path, "stage=acceptance"))
     assert target.dims == dims_from_config(tiny_random_model().config.to_dict())
     assert draft.dims.exact and target.weights > 0
-    cfg = make_cfg(tmp_path, "stage=acceptance", "pair=qwen25_coder_int8", "stage.trees=[static:60-60-60]",
+    cfg = make_cfg(tmp_path, "stage=acceptance", "pair=qwen25_coder_int8", "stage.arms=[{tree:'static:60-60-60'}]",
                    "device=cpu")
     target, _ = pair_models(cfg)
     if not target.dims.exact:  # the Qwen pair is not installed here: a large model's sizes stand in
@@ -81,7 +82,7 @@ def test_the_estimate_reads_the_pairs_config_and_says_when_it_cannot(tmp_path):
 @pytest.mark.parametrize("spec, asked", [("static:100", "100 children"), ("dynamic:3-65-10", "65 top-k"),
                                          ("static:2-80-1", "80 children")])
 def test_more_candidates_than_the_vocabulary_is_refused_before_load(tmp_path, spec, asked):
-    line = _refusal(make_cfg(tmp_path, "stage=acceptance", f"stage.trees=[{spec}]"))
+    line = _refusal(make_cfg(tmp_path, "stage=acceptance", f"stage.arms=[{{tree:'{spec}'}}]"))
     assert f"tree {spec} asks {asked}" in line and "vocabulary of 64 tokens: use at most 64" in line, line
     # The same refusal once the draft is loaded (a pair whose config is unknown before its load).
     with pytest.raises(ValueError, match=f"tree {spec} asks {asked}"):
@@ -117,7 +118,7 @@ def _gemma_config():
 @pytest.mark.parametrize("make, words", [(_bloom_config, "BloomForCausalLM (bloom) adds ALiBi"),
                                          (_mpt_config, "MptForCausalLM (mpt) adds ALiBi"),
                                          (_gemma_config, "has sliding-window layers")])
-@pytest.mark.parametrize("stage", [["stage=acceptance", "stage.trees=[lookup:2-2]"],
+@pytest.mark.parametrize("stage", [["stage=acceptance", "stage.arms=[{tree:'lookup:2-2'}]"],
                                    ["stage=speed", "stage.arms=[{},{tree:'static:2-1'}]"]])
 def test_tree_arms_on_models_without_a_4d_mask_are_refused_before_load(tmp_path, make, words, stage):
     folder = _config_folder(tmp_path, "model", make())
@@ -241,10 +242,10 @@ def test_the_dynamic_tree_that_took_the_machine_down_is_refused_at_start(tmp_pat
     # The same start refused by a plain config error: the work every job does before its checks (imports).
     start, baseline = _run(tmp_path, "stage=acceptance", "k=0")
     assert start.returncode == 2 and "k=0 is not allowed" in start.stderr
-    done, took = _run(tmp_path, "stage=acceptance", "stage.trees=[dynamic:3-1000-1000000]")
+    done, took = _run(tmp_path, "stage=acceptance", "stage.arms=[{tree:'dynamic:3-1000-1000000'}]")
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("speclab: error: stage.trees=[dynamic:3-1000-1000000]: about ")
+    assert len(lines) == 1 and lines[0].startswith("speclab: error: stage.arms entry {tree: 'dynamic:3-1000-1000000'}: about ")
     assert "GiB" in lines[0] and "Traceback" not in done.stderr
     assert "loading" not in done.stdout + done.stderr  # no model was loaded
     assert not (tmp_path / "outputs" / "campaigns" / "scratch" / "acceptance").exists()

@@ -119,8 +119,8 @@ def test_a_toy_drafter_in_two_files_runs_in_every_stage(tmp_path, toy, caplog):
 
     plan_cfg = cfg_with(tmp_path, toy, "stage=plan", "stage.sample_precision=null", "stage.repeats=2",
                         "stage.warmup=0", "stage.pass_lengths=[1,2,3]", "stage.context_extra=[0,8]",
-                        "stage.acceptance_ks=[1,2]", "stage.bootstrap=100", f"stage.drafters=[{NAME},model]",
-                        f"stage.policy_drafters=[{NAME}]")
+                        "stage.acceptance_ks=[1,2]", "stage.bootstrap=100", f"stage.arms=[{{drafter:{NAME}}},{{drafter:model}},"
+                        f"{{drafter:{NAME},k_policy:cost_model}}]")
     run_parts(plan_cfg)
     pacc = pd.read_parquet(output_path(plan_cfg, "acceptance"))
     assert not pacc[pacc.drafter == NAME].replayed.any() and pacc[pacc.drafter == "model"].replayed.any()
@@ -137,13 +137,17 @@ def test_a_toy_drafter_in_two_files_runs_in_every_stage(tmp_path, toy, caplog):
 
 def test_the_toy_is_checked_as_an_option_wherever_a_drafter_is_named(tmp_path, toy):
     from pipeline.config.schema import ConfigError, check_config
+    from pipeline.engines.option_checks import check_engine
     from store.layout import STAGES
 
-    check_config(cfg_with(tmp_path, toy, "stage=acceptance", f"stage.drafters=[{NAME},model]"), STAGES)
-    check_config(cfg_with(tmp_path, toy, "stage=speed",
-                          f"stage.arms=[{{}},{{drafter:{NAME},ks:[2]}},{{drafter:prompt_lookup}}]"), STAGES)
-    with pytest.raises(ConfigError, match="stage.drafters=.* is not allowed"):  # another name is still refused
-        check_config(cfg_with(tmp_path, toy, "stage=acceptance", "stage.drafters=[repeat_first]"), STAGES)
+    for stage, arms in (("acceptance", f"[{{drafter:{NAME}}},{{drafter:model}}]"),
+                        ("speed", f"[{{}},{{drafter:{NAME},ks:[2]}},{{drafter:prompt_lookup}}]")):
+        cfg = cfg_with(tmp_path, toy, f"stage={stage}", f"stage.arms={arms}")
+        check_config(cfg, STAGES)
+        check_engine(cfg, [stage])
+    cfg = cfg_with(tmp_path, toy, "stage=acceptance", "stage.arms=[{drafter:repeat_first}]")
+    with pytest.raises(ConfigError, match="drafter 'repeat_first' is not a drafter option"):  # another name: refused
+        check_engine(cfg, ["acceptance"])
 
 
 def test_the_shipped_drafters_declare_what_stored_rows_are_read_with(tmp_path, toy, tiny_pair):

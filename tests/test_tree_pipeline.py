@@ -8,6 +8,7 @@ import pytest
 
 from analysis.trees import arm_table, comparisons, config_of, curve_table, depth_acceptance, markdown, pass_width
 from pipeline.config.schema import ConfigError, check_config
+from pipeline.engines.option_checks import check_engine
 from pipeline.run import run_parts
 from pipeline.jobs.identity import output_path
 from pipeline.stages import speed, timing
@@ -43,12 +44,12 @@ def test_a_bad_spec_is_one_line_naming_it(bad):
 
 
 def test_config_refuses_a_bad_tree_before_any_model_loads(tmp_path):
-    cfg = make_cfg(tmp_path, "stage=acceptance", "stage.trees=[static:2-1,static:2-0]")
-    with pytest.raises(ConfigError, match=r"stage.trees=\['static:2-1', 'static:2-0'\] is not allowed"):
-        check_config(cfg, ("acceptance",))
+    cfg = make_cfg(tmp_path, "stage=acceptance", "stage.arms=[{tree:'static:2-1'},{tree:'static:2-0'}]")
+    with pytest.raises(ConfigError, match=r"stage.arms entry \{'tree': 'static:2-0'\}: .*static:2-0"):
+        check_engine(cfg, ["acceptance"])
     cfg = make_cfg(tmp_path, "stage=speed", "stage.arms=[{},{tree:'static:2-0'}]")
-    with pytest.raises(ConfigError, match=r"stage.arms=.*static:2-0.* is not allowed"):
-        check_config(cfg, ("speed",))
+    with pytest.raises(ConfigError, match=r"stage.arms entry .*static:2-0"):
+        check_engine(cfg, ["speed"])
     with pytest.raises(ConfigError, match="stage.tree_nodes"):
         check_config(make_cfg(tmp_path, "stage=timing", "stage.tree_nodes=[0]"), ("timing",))
 
@@ -162,7 +163,9 @@ def test_no_tree_runs_says_so():
 
 
 def test_acceptance_and_plan_rank_trees_beside_chains(tmp_path):
-    cfg = make_cfg(tmp_path, "stage=plan", "stage.trees=[static:2-1,lookup:2-2]", "stage.tree_nodes=[2,4]",
+    cfg = make_cfg(tmp_path, "stage=plan",
+                   "stage.arms=[{drafter:model},{drafter:prompt_lookup},{drafter:hybrid},{tree:'static:2-1'},"
+                   "{tree:'lookup:2-2'}]", "stage.tree_nodes=[2,4]",
                    "stage.repeats=2", "stage.warmup=0", "stage.acceptance_ks=[1,2]", "pair.draft=copy",
                    "max_new_tokens=10")
     run_parts(cfg)

@@ -1,7 +1,9 @@
-"""The speed stage's eight flags from before ``stage.arms`` (``stage.peer``, ``peer_modes``, ``k_policies``, ``drafters``,
-``drafter_ks``, ``recommended``, ``best_fixed``, ``trees``; store/legacy_arms.py ``FLAGS``), read where an old record's
-command is read: a recorded command that sets them reruns as the arm list they ran (``translated``), so it composes to
-its recorded hash. They are no keys of the live schema: a new job writes ``stage.arms``."""
+"""The keys from before ``stage.arms``, read where an old record's command is read: the speed stage's eight flags
+(``stage.peer``, ``peer_modes``, ``k_policies``, ``drafters``, ``drafter_ks``, ``recommended``, ``best_fixed``, ``trees``;
+store/legacy_arms.py ``FLAGS``) and the acceptance and plan stages' four keys (``drafters``, ``k_policies``,
+``policy_drafters``, ``trees``; ``ACCEPTANCE_KEYS``). A recorded command that sets them reruns as the arm list they ran
+(``translated``), so it composes to its recorded hash. They are no keys of the live schema: a new job writes
+``stage.arms``."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pipeline.config.overrides import hydra_value
 from pipeline.config.schema import CONF_DIR, ConfigError
 from store.extend import override_key
-from store.legacy_arms import FLAGS, PEER_MODES, RECORDED, arms_from_flags, merged_flags
+from store.legacy_arms import ACCEPTANCE_KEYS, FLAGS, PEER_MODES, RECORDED, dialect, merged_flags
 
-FLAG_KEYS = tuple(f"stage.{k}" for k in FLAGS)
+FLAG_KEYS = tuple(f"stage.{k}" for k in {**FLAGS, **ACCEPTANCE_KEYS})
 LEGACY_FLAGS_ENV = "SPECLAB_LEGACY_FLAGS"  # a command line's flags, for its jobs (also in launcher subprocesses)
 
 
@@ -23,11 +25,11 @@ def _value(override: str) -> Any:
     """A flag's value, checked as its schema checked it before stage.arms (the arms it makes are checked as arms)."""
     parsed = OverridesParser.create().parse_overrides([override])[0]
     key = override_key(override)
+    flag = {**ACCEPTANCE_KEYS, **FLAGS}[key.split(".", 1)[1]]
     if parsed.is_sweep_override():
         raise ConfigError(f"{override} sweeps a flag from before stage.arms: sweep stage.arms instead "
                           "(docs/pipeline.md#arms)")
     value = parsed.value()
-    flag = FLAGS[key.split(".", 1)[1]]
     if isinstance(flag, bool) and not isinstance(value, bool):
         raise ConfigError(f"{key}={value!r} is not allowed: use true or false")
     if isinstance(flag, list) and not (isinstance(value, list) and all(isinstance(v, (str, int)) for v in value)):
@@ -41,9 +43,8 @@ def _value(override: str) -> Any:
 
 def translated(overrides: list[str], compose: Callable[[list[str]], DictConfig]) -> tuple[list[str], dict[str, Any]]:
     """``overrides`` with the flags the composed stage does not declare replaced by the ``stage.arms`` they ran, and
-    every flag the stored job's hash is named by (store/legacy_arms.py ``merged_flags``; none: ``overrides`` as they
-    are). ``compose`` composes a job from overrides (Hydra's compose). A flag the stage still declares as its own key
-    (the acceptance stage's ``drafters``, ``k_policies``, ``trees``) stays as it is."""
+    every flag the stored job's hash is named by (store/legacy_arms.py ``merged_flags``, in the stage's dialect; none:
+    ``overrides`` as they are). ``compose`` composes a job from overrides (Hydra's compose)."""
     flags = [o for o in overrides if override_key(o) in FLAG_KEYS]
     if not flags:
         return list(overrides), {}
@@ -53,14 +54,19 @@ def translated(overrides: list[str], compose: Callable[[list[str]], DictConfig])
     if not legacy:
         return list(overrides), {}
     if "arms" not in cfg.stage:
-        raise ConfigError(f"{legacy[0]} is a flag of the speed stage's arms from before stage.arms: stage "
-                          f"{cfg.stage.name} runs no arms")
-    stage = {**OmegaConf.to_container(cfg.stage, resolve=True), **{override_key(o).split(".", 1)[1]: _value(o) for o in legacy}}
+        raise ConfigError(f"{legacy[0]} is a key of the arms from before stage.arms: stage {cfg.stage.name} runs no arms")
+    stage = OmegaConf.to_container(cfg.stage, resolve=True)
+    stage["arms"] = stage["arms"] if stage["arms"] is not None else [{}]  # the old keys were speclab's loop's: its own
+    stage.update({override_key(o).split(".", 1)[1]: _value(o) for o in legacy})
+    d = dialect(stage)
+    unknown = [o for o in legacy if override_key(o).split(".", 1)[1] not in d.keys]
+    if unknown:
+        raise ConfigError(f"{override_key(unknown[0])} is not a key of stage {cfg.stage.name}'s arms from before "
+                          f"stage.arms: use stage.arms (docs/pipeline.md#arms)")
     drafter, policy = str(cfg.drafter.name), str(cfg.k_policy.name)
     named = merged_flags(stage, drafter, policy)
     kept = [o for o in overrides if o not in legacy and override_key(o) != "stage.arms"]
-    return ([*kept, f"stage.arms={hydra_value(arms_from_flags(named, drafter, policy))}"],
-            {k: v for k, v in named.items() if k not in cfg.stage})
+    return [*kept, f"stage.arms={hydra_value(d.to_arms(named, drafter, policy))}"], named
 
 
 def with_flags(cfg: DictConfig, flags: dict[str, Any]) -> DictConfig:

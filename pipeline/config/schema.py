@@ -36,14 +36,13 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from pipeline.config.settings import arm_hashed, checks, neutral_table, same_as, section, setting, volatile_keys
 from pipeline.config.value_checks import (Check, int_at_least, int_in, ints_at_least, matches, nonblank, number_in, one_of,
                                    positive_or_null, subset_of, unset_or, worded)
-from speclab.specs.arms import ENTRY_METHODS, OWN, ArmEntry, entry
+from speclab.specs.arms import ArmEntry
 from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from speclab.costs.planning import recommend
 from speclab.drafting.strategy import CostModelPolicy, FixedPolicy, HeuristicPolicy, default_of
-from speclab.specs.tree_shapes import EXAMPLES, parse_tree
 from store.layout import NAME  # a campaign or pair name
 from store.identity import Neutral
-from store.legacy_arms import NEUTRAL_FLAGS, RECORDED
+from store.legacy_arms import NEUTRAL_KEYS, RECORDED
 from store.shared_defaults import DRIFT_LIMIT, EXPERIMENT, TRACKING_URI
 
 
@@ -56,7 +55,7 @@ DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # more only costs memory (threads=100000 ran out of it)
 MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; stages add small offsets to the seed
 NAME_WORDS = "a name of letters, digits, '_', '.', '-'"
-# engine=SPECLAB: a key only speclab's own loop reads (llama.cpp's configurations are engine.arms entries);
+# engine=SPECLAB: a key only speclab's own loop reads (every engine's configurations are stage.arms entries);
 # pipeline/engines/option_checks.py refuses it set under another engine.
 SPECLAB, LLAMA_CPP = "speclab", "llama_cpp"
 
@@ -190,27 +189,16 @@ class HeuristicKConf(HeuristicPolicy):
     _target_: str = _target(HeuristicPolicy)
 
 
-# The options of the drafter and k_policy groups, by name: their schemas, and the defaults of an extra
-# arm (``stage.drafters``, ``stage.k_policies``) that names another option than the job's.
+# The options of the drafter and k_policy groups, by name: their schemas, and the defaults of an arm entry that names
+# another option than the job's.
 DRAFTERS = {conf.name: conf for conf in (ModelDrafterConf, PromptLookupConf, HybridConf)}
 K_POLICIES = {conf.name: conf for conf in (FixedKConf, CostModelKConf, HeuristicKConf)}
-EXTRA_POLICIES = tuple(name for name in K_POLICIES if name != FixedKConf.name)  # the adaptive ones (stage.k_policies)
 
 
 def options(group: str, schemas: dict[str, type]) -> list[str]:
     """The group's options as the job's own: those with a schema here, and any option file a user added to
     conf/<group>/ (its ``_target_`` names the class, its keys are the constructor's arguments)."""
     return [*schemas, *sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if p.stem not in schemas)]
-
-
-def _tree_specs(v: Any) -> bool:
-    if not isinstance(v, (list, ListConfig)):
-        return False
-    try:
-        [parse_tree(x) for x in v]
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass
@@ -249,36 +237,30 @@ class RoundsStage(KsStage):
                                                   "the most rounds, the budget)")
 
 
-@dataclass
-class AcceptanceStage(KsStage):
-    drafters: list[str] = setting([], unset_or(subset_of(*DRAFTERS)), neutral=[], engine=SPECLAB,
-                                  doc="other drafters run beside the job's (speed: at drafter_ks)")
-    # The speed stage hashed k_policies before it was neutral: neutral for the acceptance stage only.
-    k_policies: list[str] = setting([], unset_or(subset_of(*EXTRA_POLICIES)), neutral=[], neutral_for=("acceptance",),
-                                    engine=SPECLAB,
-                                    doc="adaptive k policies run as extra arms (cost_model, heuristic), starting at k")
-    policy_drafters: list[str] = setting([], subset_of(*DRAFTERS), neutral=[], engine=SPECLAB,
-                                         doc="drafters of the k_policies runs ([]: the job's)")
-    replay: bool = setting(True, neutral=False,
-                           doc="greedy: replay every configuration but the job's own from one plain generation")
-    trees: list[str] = setting([], unset_or((_tree_specs, f"a list of tree specs, e.g. [{EXAMPLES}]")), neutral=[],
-                               engine=SPECLAB,
-                               doc="tree configurations run beside the chains, e.g. static:3-2-1-1 "
-                                   "(speclab/specs/tree_shapes.py)")
-
-
 def _arm_entries(v: Any) -> bool:
-    if not isinstance(v, (list, ListConfig)):
-        return False
-    try:
-        entries = [entry(OmegaConf.to_container(e) if isinstance(e, DictConfig) else e) for e in v]
-    except (ValueError, TypeError):
-        return False
-    return all(e.drafter in (None, *DRAFTERS) and e.k_policy in (None, *K_POLICIES) for e in entries)
+    """Null or a list of mappings: each entry is then built (and checked, one line naming what is wrong) by Hydra's
+    ``instantiate`` into speclab's ArmEntry, and its names by the job's engine (pipeline/jobs/arms.py, Engine.check)."""
+    return v is None or (isinstance(v, (list, ListConfig)) and all(isinstance(e, (dict, DictConfig)) for e in v))
 
 
 ARMS_EXAMPLE = "[{},{k_policy:cost_model},{drafter:prompt_lookup,k_policy:fixed,ks:[4]},{tree:'static:3-2-1-1'}," \
                "{method:recommended},{method:hf_default}]"
+ARMS_CHECK = (_arm_entries, f"null or a list of arm entries {{method, drafter, k_policy, ks, tree, settings, default}}, "
+                            f"e.g. {ARMS_EXAMPLE} (docs/pipeline.md#arms)")
+
+
+def arms_setting(doc: str) -> Any:
+    """``stage.arms``, declared once for the stages that run arms (acceptance, plan, speed and those built on them)."""
+    return setting(None, ARMS_CHECK, neutral=None,
+                   doc=doc + " (speclab/specs/arms.py ArmEntry, built by Hydra's instantiate); null: the engine's own "
+                             "(Engine.default_arms: speclab, the job's drafter at each of ks)")
+
+
+@dataclass
+class AcceptanceStage(KsStage):
+    arms: Optional[list[ArmEntry]] = arms_setting("the configurations run, in order (speculative entries only)")
+    replay: bool = setting(True, neutral=False,
+                           doc="greedy: replay every configuration but the job's own from one plain generation")
 
 
 @dataclass
@@ -295,13 +277,7 @@ class SpeedStage(RoundsStage):
                                               doc="with race or precision: start no block after this many minutes")
     interval_level: float = setting(0.95, number_in(0.5, 1, hi_open=True), neutral=0.95,
                                     doc="level of the speed-up intervals, the precision stop and the race's drops")
-    arms: list[ArmEntry] = setting([OWN], (_arm_entries, f"a list of arm entries (method one of {list(ENTRY_METHODS)}, "
-                                                         f"drafter null or one of {list(DRAFTERS)}, k_policy null "
-                                                         f"or one of {list(K_POLICIES)}, ks null or integers >= 1, "
-                                                         "tree a tree spec), e.g. "
-                                                         f"{ARMS_EXAMPLE} (docs/pipeline.md#arms)"),
-                                   doc="the compared configurations besides plain decoding, in order "
-                                       "(speclab/specs/arms.py ArmEntry); the default: the job's drafter at each of ks")
+    arms: Optional[list[ArmEntry]] = same_as(AcceptanceStage, "arms")
     timing_repeats: int = setting(10, int_at_least(1), doc="step timings before and after the runs")
     timing_warmup: int = setting(2, int_at_least(0), doc="untimed steps before them")
     block_timing_repeats: int = setting(0, worded(int_at_least(0), "an integer >= 0 (0: no step timing in each block)"),
@@ -371,11 +347,6 @@ class BatchStage(RoundsStage):
 @dataclass
 class AllStage(SpeedStage, TimingStage, DistributionStage):
     acceptance_ks: list[int] = same_as(PlanStage, "acceptance_ks", [1, 2, 4, 8])
-    # Its acceptance part's extra configurations, which its speed part still reads as flags on its arms (store/
-    # legacy_arms.py effective_arms): unset by default.
-    k_policies: Optional[list[str]] = same_as(AcceptanceStage, "k_policies", None)
-    drafters: Optional[list[str]] = same_as(AcceptanceStage, "drafters", None)
-    trees: Optional[list[str]] = same_as(AcceptanceStage, "trees", None)
     tie_ulps: int = same_as(DivergenceStage, "tie_ulps")
     tie_nats: float = same_as(DivergenceStage, "tie_nats")
 
@@ -390,29 +361,6 @@ class TrustConf:
                                doc="before/after step times differing by more than this factor")
     min_runs: int = setting(3, int_at_least(1), neutral=3,
                             doc="fewer runs per arm (repeats per timing) than this give no interval")
-
-
-ENGINE_ARMS_EXAMPLE = "[{},{drafter:ngram-simple,default:true},{drafter:model,ks:[6],settings:{p_min:0.8}}]"
-
-
-def _engine_arms(v: Any) -> bool:
-    from speclab.engines.llama_cpp.arms import check_settings
-    if not isinstance(v, (list, ListConfig)):
-        return False
-    try:
-        for e in v:
-            e = OmegaConf.to_container(e) if isinstance(e, DictConfig) else dict(e)
-            unknown = set(e) - {"drafter", "ks", "settings", "default", "plan"}
-            if e.get("plan"):
-                continue
-            ks = e.get("ks")
-            if unknown or (ks is not None and (not list(ks) or any(isinstance(k, bool) or not isinstance(k, int)
-                                                                   or k < 1 for k in ks))):
-                return False
-            check_settings(str(e.get("drafter") or "model"), e.get("settings"))
-    except (ValueError, TypeError):
-        return False
-    return True
 
 
 @dataclass
@@ -440,13 +388,6 @@ class LlamaCppEngineConf:
     draft_model: str = setting("", doc="the draft GGUF (a model name or a path); empty: the pair's draft where it "
                                        "is a GGUF model, else the target's own file (a copy)")
     extra_args: list[str] = setting([], doc="more llama-server options, added to every server")
-    arms: list[Any] = setting([{}, {"drafter": "ngram-simple", "default": True}],
-                              (_engine_arms, "a list of llama.cpp arm entries {drafter, ks, settings, default} or {plan: true}, "
-                                             f"e.g. {ENGINE_ARMS_EXAMPLE} (speclab/engines/llama_cpp/arms.py)"),
-                              doc="the configurations a speed job runs beside plain decoding; drafter: model "
-                                  "(draft-simple) or an n-gram type; ks: null (stage.ks) or a list; settings: the "
-                                  "type's other options; default: llama.cpp's own settings; {plan: true}: the campaign's "
-                                  "llama.cpp plan's choice per kind")
 
 
 ENGINES = {conf().name: conf for conf in (SpeclabEngineConf, LlamaCppEngineConf)}
@@ -503,9 +444,9 @@ OPTION_CHECKS: dict[str, Check] = {
                       f"one of {options(group, schemas)}")
     for group, schemas in (("drafter", DRAFTERS), ("k_policy", K_POLICIES), ("engine", ENGINES))}
 CHECKS: dict[str, Check] = checks(SCHEMAS, first=OPTION_CHECKS)
-# The keys a job's config hash leaves out at their neutral value: the schema's, and the speed stage's flags from before
-# stage.arms, which are no live keys but still name stored jobs (store/legacy_arms.py: their hash, at their defaults).
-HASH_NEUTRAL = {**{f"stage.{k}": Neutral(v) for k, v in NEUTRAL_FLAGS.items()}, **neutral_table(SCHEMAS)}
+# The keys a job's config hash leaves out at their neutral value: the schema's, and the keys from before stage.arms,
+# which are no live keys but still name stored jobs (store/legacy_arms.py: their hash, at their neutral values).
+HASH_NEUTRAL = {**{f"stage.{k}": Neutral(v, only) for k, (v, only) in NEUTRAL_KEYS.items()}, **neutral_table(SCHEMAS)}
 VOLATILE = volatile_keys(SCHEMAS)  # the keys (and prefixes) left out of every job's hash and MLflow params
 COST_MODEL_ARM_KEYS = arm_hashed(CostModelKConf)  # pipeline/jobs/inputs.py
 
@@ -603,21 +544,6 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
-# The keys that name drafter options, where the job's own option (``own_drafter``) is one.
-OWN_DRAFTER_KEYS = ("drafter.name", "stage.drafters", "stage.policy_drafters", "stage.arms")
-
-
-def _without_own(value: Any, own: str) -> Any:
-    """A drafter key's value with the job's own option left out (an arm entry naming it: the job's drafter, null)."""
-    if value == own:
-        return _ABSENT
-    if not isinstance(value, (list, ListConfig)):
-        return value
-    plain = [_plain(v) for v in value]
-    return [{**v, "drafter": None} if isinstance(v, dict) and v.get("drafter") == own else v
-            for v in plain if v != own]
-
-
 def own_drafter(cfg: DictConfig) -> str | None:
     """The name of the job's drafter option where it is a user's option file without a schema (anywhere on Hydra's
     search path: Hydra found the file when it composed ``drafter=NAME``), else None."""
@@ -634,8 +560,8 @@ def check_config(cfg: DictConfig, stages: tuple[str, ...]) -> None:
     own = own_drafter(cfg)
     for key, (ok, allowed) in CHECKS.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
-        if own is not None and key in OWN_DRAFTER_KEYS and value is not _ABSENT:
-            value = _without_own(value, own)
+        if own is not None and key == "drafter.name" and value == own:
+            continue  # a user's option file, found by Hydra (its arms' names: the engine checks them)
         if value is not _ABSENT and not ok(value):
             raise ConfigError(f"{key}={_plain(value)!r} is not allowed: use {allowed}")
     parts = list(cfg.stage.parts)

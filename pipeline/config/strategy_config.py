@@ -1,16 +1,18 @@
 """Strategies from config: each drafter and k-policy option names its class in ``_target_``
 (pipeline/config/schema.py) and Hydra's ``instantiate`` builds it, so no code here knows an option by
-name. An extra arm (``stage.drafters``, ``stage.k_policies``, a plan's recommendation) names another
+name. An arm entry (``stage.arms``: its drafter, its k_policy; a plan's recommendation) names another
 option than the job's; it takes that option's schema defaults. What the pipeline must know of a drafter (does it run
 the draft model, look up n-grams, can the replay reproduce it) is asked of its class (speclab/decoding/drafters.py
 Drafter), so a new drafter is its class and its option file, nothing else."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config.schema import DRAFTERS, K_POLICIES
+from pipeline.config.schema import DRAFTERS, K_POLICIES, options
 from speclab.decoding.drafters import Drafter, declared
 from speclab.drafting.strategy import PolicySpec, drafts_with_model
 from speclab.specs.arms import declare_drafter
@@ -38,17 +40,14 @@ def drafter_class(conf: DictConfig) -> type:
     return get_class(str(conf._target_))
 
 
-def job_drafters(cfg: DictConfig) -> list[str]:
-    """The drafter options a job runs (its own, ``stage.drafters``, ``stage.policy_drafters``; trees aside)."""
-    st = cfg.stage
-    names = [str(cfg.drafter.name), *(st.get("drafters") or []), *(st.get("policy_drafters") or [])]
-    return [str(n) for n in dict.fromkeys(names) if not is_tree(str(n))]
-
-
-def declare_drafters(cfg: DictConfig) -> None:
-    """Each drafter option of the job says what its class declares (speclab.specs.arms.declare_drafter): whether it
-    runs the draft model (its constructor takes one) and whether it looks up n-grams every iteration."""
-    for name in job_drafters(cfg):
+def declare_drafters(cfg: DictConfig, names: Iterable[str]) -> None:
+    """Each drafter option among ``names`` (the job's own and its arms'; an engine's own drafter names and trees are
+    no options) says what its class declares (speclab.specs.arms.declare_drafter): whether it runs the draft model
+    (its constructor takes one) and whether it looks up n-grams every iteration."""
+    known = [*options("drafter", DRAFTERS), str(cfg.drafter.name)]
+    for name in dict.fromkeys([str(cfg.drafter.name), *map(str, names)]):
+        if name not in known or is_tree(name):
+            continue
         cls = drafter_class(drafter_conf(cfg, name))
         declare_drafter(name, drafts_with_model(cls), declared(cls, "looks_up"))
 

@@ -122,6 +122,8 @@ class Engine:
     that raise NotImplementedError; the rest have defaults an engine of requests can keep."""
 
     name: str = "engine"
+    # The arm entries a job runs where stage.arms is null (speclab/specs/arms.py ArmEntry's keys): its own choice.
+    default_arms: ClassVar[tuple[dict[str, Any], ...]] = ({},)
     # Stage parts it runs (None: every one); check_engine refuses the others before anything loads.
     stage_parts: ClassVar[tuple[str, ...] | None] = None
     # Whether its acceptance rows are one per iteration of its loop (else one per request: alpha = accepted/drafted).

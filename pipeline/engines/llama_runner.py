@@ -22,7 +22,7 @@ from pipeline.config.schema import SPECLAB, ConfigError
 from pipeline.config.stage_options import chosen
 from pipeline.engines.option_checks import LOOP_ONLY, PLAN_PRESETS, refuse_engine_keys
 from pipeline.engines.base import Engine, RequestResult, RunResult, StepTimes, TimedPass, loop_columns
-from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm
+from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm, ArmEntry
 from speclab.engines.llama_cpp import arms as llama_arms
 from speclab.engines.llama_cpp.engine import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
                                        sampling_payload, top_probs as position_probs)
@@ -33,26 +33,37 @@ from store.layout import STAGES
 log = logging.getLogger("speclab")
 EXTENSION_TOKENS = 16  # the tokens a timed pass may add after the prompt (k + 1 <= 16)
 RUNS_ON_LLAMA = tuple(part for part in STAGES if part not in LOOP_ONLY)
-DEFAULT_ARMS = [{"method": "speculative", "drafter": None, "k_policy": None, "ks": None, "tree": None}]
 
 
 def check_options(cfg: DictConfig, parts: list[str]) -> None:
     """Refuse what llama.cpp cannot run (ConfigError, one line): speclab's own drafters, k policies, arms, trees,
     prefill timing and tie_ulps (its stage parts are ``LlamaRunner.stage_parts``, checked before)."""
+    from pipeline.jobs.arms import stage_entries
     for group, text in chosen(cfg).items():
         if group in ("drafter", "k_policy"):
             default = "drafter=model" if group == "drafter" else "k_policy=fixed"
             raise ConfigError(f"{text} is speclab's own {group.replace('_', ' ')}: under engine=llama_cpp the job "
-                              f"keeps {default} and llama.cpp's configurations are engine.arms entries "
-                              "(drafter: model or an n-gram type, ks, settings)")
-    stage = cfg.stage
-    arms = OmegaConf.to_container(stage.arms, resolve=True) if "arms" in stage else []
-    other = [a for a in arms if a != DEFAULT_ARMS[0] and a != {**DEFAULT_ARMS[0], "method": "recommended"}]
-    if other:
-        raise ConfigError(f"stage.arms entry {other[0]} is speclab's: llama.cpp's arms are engine.arms (e.g. "
-                          "engine.arms=[{},{drafter:ngram-simple,default:true}]); under engine=llama_cpp stage.arms "
-                          "takes only its default and {method:recommended}")
+                              f"keeps {default} and llama.cpp's configurations are stage.arms entries "
+                              "(drafter: model or an n-gram type, ks, settings, default)")
+    for e in stage_entries(cfg):
+        check_entry(e)
     refuse_engine_keys(cfg, parts, SPECLAB, PLAN_PRESETS if "plan" in parts else ())
+
+
+def check_entry(e: ArmEntry) -> None:
+    """An arm entry llama.cpp runs: its speculative types and their settings, or the plan's choice (one line)."""
+    shown = e.given()
+    if e.method not in ("speculative", "recommended"):
+        raise ConfigError(f"stage.arms entry {shown}: method {e.method} is speclab's; under engine=llama_cpp an entry "
+                          "is speculative (llama.cpp's drafter, ks, settings, default) or {method: recommended}")
+    if e.k_policy is not None or e.tree is not None:
+        key = "k_policy" if e.k_policy is not None else "tree"
+        raise ConfigError(f"stage.arms entry {shown}: {key} is speclab's; llama.cpp drafts chains at ks or its own "
+                          "settings (e.g. {drafter: model, ks: [4], settings: {p_min: 0.8}})")
+    try:
+        llama_arms.check_settings(str(e.drafter or "model"), e.settings)
+    except ValueError as err:
+        raise ConfigError(f"stage.arms entry {shown}: {err}") from None
 
 
 def find_binary(binary: str) -> str:
@@ -97,20 +108,19 @@ def draft_source(cfg: DictConfig) -> tuple[Path, str]:
     return gguf_of(str(cfg.pair.target), "pair.target"), f"{cfg.pair.target} (copy)"
 
 
-def expand_arms(entries: list[Any], ks: list[int]) -> list[Arm]:
-    """Plain, then each ``engine.arms`` entry's arms (one per k; ``default``: llama.cpp's own settings; ``plan``:
-    the campaign's llama.cpp plan's choice for the prompt's kind)."""
+def expand_arms(entries: list[ArmEntry], ks: list[int]) -> list[Arm]:
+    """Plain, then each entry's arms (one per k; ``default``: llama.cpp's own settings for the type; the plan's
+    choice for the prompt's kind where an entry is {method: recommended})."""
     out = [PLAIN]
     for e in entries:
-        e = OmegaConf.to_container(e) if isinstance(e, DictConfig) else dict(e)
-        if e.get("plan"):
+        if e.method == "recommended":
             out.append(RECOMMENDED)
             continue
-        drafter = str(e.get("drafter") or "model")
-        if e.get("default") or llama_arms.SPEC_TYPES[drafter].k_flag is None:
-            out.append(llama_arms.arm(drafter, None, e.get("settings"), default=True))
+        drafter = str(e.drafter or "model")
+        if e.default or llama_arms.SPEC_TYPES[drafter].k_flag is None:
+            out.append(llama_arms.arm(drafter, None, e.settings, default=True))
             continue
-        out += [llama_arms.arm(drafter, int(k), e.get("settings")) for k in (e.get("ks") or ks)]
+        out += [llama_arms.arm(drafter, int(k), e.settings) for k in (e.ks or ks)]
     return list(dict.fromkeys(out))
 
 
@@ -129,11 +139,12 @@ def result_of(run: EngineRun, probs: bool) -> RequestResult:
 class LlamaRunner(Engine):
     name = "llama_cpp"
     stage_parts = RUNS_ON_LLAMA
+    default_arms = ({}, {"drafter": "ngram-simple", "default": True})  # its draft model at stage.ks, n-gram lookup
 
     def __init__(self, name: str = "llama_cpp", binary: str = "", threads: int = 2, ctx_size: int = 2048,
                  cache_prompt: bool = False, port: int = 0, startup_timeout_s: float = 180.0, draft_model: str = "",
-                 extra_args: list[str] | None = None, arms: list[Any] | None = None) -> None:
-        self.name, self.entries = name, list(arms if arms is not None else [{}])
+                 extra_args: list[str] | None = None) -> None:
+        self.name = name
         self.settings = dict(binary=binary, threads=int(threads), ctx_size=int(ctx_size), cache_prompt=bool(cache_prompt),
                              port=int(port), startup_timeout_s=float(startup_timeout_s),
                              extra_args=tuple(str(a) for a in (extra_args or ())))
@@ -175,9 +186,11 @@ class LlamaRunner(Engine):
         return ctx
 
     def k_max(self, cfg: DictConfig) -> int:
+        from pipeline.jobs.arms import arm_entry, arm_list
         from pipeline.jobs.context import stage_ks
         ks = stage_ks(cfg)
-        return max([int(cfg.k), *ks, *(a.k or 0 for a in expand_arms(self.entries, ks))])
+        entries = [arm_entry(e) for e in arm_list(cfg)] if "arms" in cfg.stage else []
+        return max([int(cfg.k), *ks, *(a.k or 0 for a in expand_arms(entries, ks))])
 
     def weights(self, cfg: DictConfig) -> str:
         return self._weights
@@ -199,11 +212,10 @@ class LlamaRunner(Engine):
 
     # -- the speed stage's questions ------------------------------------------------------------------------------
     def arms(self, ctx, ks: list[int]) -> list[Arm]:
-        """``engine.arms``, then the plan's choice where ``stage.arms`` asks for it ({method: recommended})."""
+        """``stage.arms`` (null: ``default_arms``), the plan's choice last where an entry asks for it."""
         from pipeline.jobs.arms import stage_entries
-        from speclab.specs.arms import needs
-        plan = [RECOMMENDED] if needs(stage_entries(ctx.cfg), "recommended") else []
-        return list(dict.fromkeys([*expand_arms(self.entries, ks), *plan]))
+        arms = expand_arms(stage_entries(ctx.cfg), ks)
+        return [a for a in arms if a != RECOMMENDED] + [a for a in arms if a == RECOMMENDED]
 
     def warm_arms(self, arms: list[Arm]) -> list[Arm]:
         return list(arms)  # each configuration is a server of its own: every one starts and answers once

@@ -16,7 +16,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from pipeline.config.schema import LLAMA_CPP
+from pipeline.config.schema import DRAFTERS, K_POLICIES, LLAMA_CPP, ConfigError, options, own_drafter
 from pipeline.engines.option_checks import refuse_engine_keys
 from pipeline.config.strategy_config import drafter_class, drafter_conf
 from pipeline.jobs.context import StageContext, job_k_max, own_context
@@ -25,7 +25,7 @@ from pipeline.jobs.inputs import find_best_fixed
 from pipeline.jobs.context import memory_columns, sampling_config, stage_ks
 from pipeline.engines.base import (BLOCK_STEP_FIELDS, AcceptanceRun, Engine, RequestResult, RunResult, StepTimes,
                                    TimedPass)
-from speclab.specs.arms import Arm, Job, expand_all, needs
+from speclab.specs.arms import Arm, ArmEntry, Job, expand, expand_all, needs
 from speclab.specs.tree_shapes import is_tree, make_tree_drafter, parse_tree
 from speclab.decoding.loop import GenerationResult, plain_generate, speculative_generate
 from speclab.decoding.sampling import GREEDY
@@ -166,16 +166,11 @@ def campaign_best_fixed(cfg: DictConfig) -> BestFixed:
 
 # -- the acceptance stage's runs: one row per iteration of the loop ----------------------------------------------------
 def configurations(cfg: DictConfig) -> list[tuple[str, str, int]]:
-    """(drafter, k policy, k) of every loop this job runs: each drafter at each k, then the extra
-    adaptive policies (``stage.k_policies``, starting at the top-level k) with each of
-    ``stage.policy_drafters`` (by default the job's own drafter)."""
-    ks, policy = stage_ks(cfg, "acceptance_ks"), str(cfg.k_policy.name)
-    drafters = [str(d) for d in cfg.stage.get("drafters") or [cfg.drafter.name]]
-    extra = [str(p) for p in cfg.stage.get("k_policies") or [] if p != policy]
-    with_policies = [str(d) for d in cfg.stage.get("policy_drafters") or [cfg.drafter.name]]
-    trees = [(spec.drafter, "fixed", spec.depth) for spec in map(parse_tree, cfg.stage.get("trees") or [])]
-    return ([(d, policy, k) for d in drafters for k in ks] + [(d, p, int(cfg.k)) for d in with_policies for p in extra]
-            + trees)
+    """(drafter, k policy, k) of every loop this job runs: each speculative ``stage.arms`` entry's arms, in order, a
+    k of the stage's acceptance ks where the entry names none (speclab.specs.arms.expand)."""
+    job = Job(str(cfg.drafter.name), str(cfg.k_policy.name), tuple(stage_ks(cfg, "acceptance_ks")), int(cfg.k))
+    arms = [a for e in stage_entries(cfg) if e.method == "speculative" for a in expand(e, job)]
+    return list(dict.fromkeys((a.drafter, a.k_policy, int(a.k or 0)) for a in arms))
 
 
 def replays(cfg: DictConfig, sampling) -> bool:
@@ -324,6 +319,23 @@ def per_position(res: GenerationResult) -> list[int]:
     return [sum(1 for i in res.iterations if i.accepted > p) for p in range(deepest)]
 
 
+def check_entry(e: ArmEntry, drafters: list[str], policies: list[str], speed: bool) -> None:
+    """An arm entry speclab's loop runs (one line): a drafter option or a tree, a k policy option, none of another
+    engine's own settings; in a job without a speed part, speculative entries only (the acceptance stage's loops)."""
+    shown = e.given()
+    if e.drafter is not None and e.drafter not in drafters:
+        raise ConfigError(f"stage.arms entry {shown}: drafter {e.drafter!r} is not a drafter option: use null or one "
+                          f"of {drafters} (an engine's own types run under its engine=)")
+    if e.k_policy is not None and e.k_policy not in policies:
+        raise ConfigError(f"stage.arms entry {shown}: k_policy {e.k_policy!r} is not allowed: use null or one of {policies}")
+    if e.settings is not None or e.default:
+        raise ConfigError(f"stage.arms entry {shown}: settings and default are an engine's own (engine=llama_cpp); "
+                          "speclab's loop is configured by the drafter and k_policy options")
+    if not speed and e.method != "speculative":
+        raise ConfigError(f"stage.arms entry {shown}: method {e.method} runs in the speed stage; this job's parts "
+                          "run speculative entries only")
+
+
 class SpeclabRunner(Engine):
     """The engine seam answered by speclab's loop."""
 
@@ -338,6 +350,9 @@ class SpeclabRunner(Engine):
     @classmethod
     def check(cls, cfg: DictConfig, parts: list[str]) -> None:
         refuse_engine_keys(cfg, parts, LLAMA_CPP)  # llama.cpp's own keys (stage.tie_nats)
+        for e in stage_entries(cfg):
+            check_entry(e, [*options("drafter", DRAFTERS), *filter(None, [own_drafter(cfg)])], list(K_POLICIES),
+                        "speed" in parts)
 
     def context(self, cfg: DictConfig, prompts) -> StageContext:
         ctx = own_context(cfg, prompts)

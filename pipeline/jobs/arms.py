@@ -1,11 +1,19 @@
-"""The arm entries a job runs (``stage.arms``), as the speed stage, the job's inputs and its price tables read them.
+"""The arms a job runs: ``stage.arms``, each entry built by Hydra's ``instantiate`` into speclab's ``ArmEntry``, for
+every stage and every engine (null: the engine's own default arms, ``Engine.default_arms``).
 Same concept, other floors: ``speclab/engines/llama_cpp/arms.py``, ``speclab/specs/arms.py``."""
 from __future__ import annotations
 
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from speclab.specs.arms import ArmEntry, entry
-from store.legacy_arms import effective_arms
+from pipeline.config.schema import CONF_DIR, ConfigError
+from speclab.specs.arms import ArmEntry
+
+ARM_ENTRY = f"{ArmEntry.__module__}.{ArmEntry.__qualname__}"
+DEFAULT_RUNNER = "pipeline.engines.speclab_runner.SpeclabRunner"  # a config composed without the engine group
 
 
 def engine_name(cfg: DictConfig) -> str:
@@ -13,10 +21,48 @@ def engine_name(cfg: DictConfig) -> str:
     return str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
 
 
+def engine_default_arms(cfg: DictConfig) -> list[dict[str, Any]]:
+    """The arms the job's engine runs where ``stage.arms`` is null (its class's ``default_arms``; the class is named
+    by the config's ``engine._target_``, as Hydra instantiates it)."""
+    return [dict(a) for a in get_class(str(OmegaConf.select(cfg, "engine._target_") or DEFAULT_RUNNER)).default_arms]
+
+
+def stage_preset(stage: str) -> Any:
+    """The arms a stage's own conf file presets (conf/stage/<name>.yaml; None where it presets none)."""
+    path = CONF_DIR / "stage" / f"{stage}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)).get("arms") if path.is_file() else None
+
+
+def arm_list(cfg: DictConfig) -> list[dict[str, Any]]:
+    """The job's arm entries as plain data: ``stage.arms``, or the engine's defaults where it is null. A stage file's
+    preset (stage=plan's: speclab's drafters) stands for the engine's own defaults under another engine."""
+    arms = OmegaConf.select(cfg, "stage.arms")
+    plain = OmegaConf.to_container(arms, resolve=True) if arms is not None else None
+    if plain is None or (engine_name(cfg) != "speclab" and [_given(e) for e in plain] == stage_preset(str(cfg.stage.name))):
+        return engine_default_arms(cfg)
+    return [_given(e) for e in plain]
+
+
+def _given(e: Any) -> dict[str, Any]:
+    """An entry's keys that are set (the schema fills the rest with their defaults)."""
+    fields = ArmEntry.__dataclass_fields__
+    return {k: v for k, v in dict(e).items() if k != "_target_" and not (k in fields and v == fields[k].default)}
+
+
+def arm_entry(data: dict[str, Any]) -> ArmEntry:
+    """One entry built by Hydra's ``instantiate``; a bad one is a ConfigError of one line."""
+    unknown = sorted(set(data) - set(ArmEntry.__dataclass_fields__) - {"_target_"})
+    if unknown:
+        raise ConfigError(f"stage.arms entry {data} has unknown keys {unknown}: use {list(ArmEntry.__dataclass_fields__)}")
+    try:
+        return instantiate({"_target_": ARM_ENTRY, **data}, _convert_="all")
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        raise ConfigError(f"stage.arms entry {data}: {cause}") from None
+
+
 def stage_entries(cfg: DictConfig) -> list[ArmEntry]:
-    """The job's arm entries; none for a stage without arms (acceptance, timing, ...)."""
+    """The job's arm entries; none for a stage without arms (timing, divergence, ...)."""
     if "arms" not in cfg.stage:
         return []
-    stage = OmegaConf.to_container(cfg.stage, resolve=True)
-    # stage=all's acceptance keys (drafters, k_policies, trees) still add speed arms, as flags did before stage.arms
-    return [entry(e) for e in effective_arms(stage, str(cfg.drafter.name), str(cfg.k_policy.name))]
+    return [arm_entry(e) for e in arm_list(cfg)]

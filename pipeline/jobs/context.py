@@ -84,9 +84,10 @@ class StageContext:
 def job_k_max(cfg: DictConfig) -> int:
     """The most proposals any iteration of this job can make (fixed ks and adaptive policies' k_max)."""
     st = cfg.stage
-    names = [cfg.k_policy.name, *(st.get("k_policies") or []), *arm_policies(stage_entries(cfg))]
+    entries = stage_entries(cfg)
+    names = [cfg.k_policy.name, *arm_policies(entries)]
     policies = [policy_conf(cfg, str(p)) for p in dict.fromkeys(names)]
-    return max([int(cfg.k), *(st.get("ks") or []), *(st.get("acceptance_ks") or []),
+    return max([int(cfg.k), *(st.get("ks") or []), *(st.get("acceptance_ks") or []), *(k for e in entries for k in e.ks or []),
                 *(int(p.k_max) for p in policies if "k_max" in p)])
 
 

@@ -25,6 +25,7 @@ from types import ModuleType
 from omegaconf import DictConfig
 
 from pipeline.config.strategy_config import declare_drafters
+from pipeline.jobs.arms import stage_entries
 from pipeline.jobs.context import StageContext, build_context, set_threads
 from pipeline.jobs.errors import Interrupted, JobEnded, error_line
 from pipeline.jobs.identity import campaign_dir, config_hash, output_path
@@ -68,7 +69,7 @@ class Job:
     def __init__(self, cfg: DictConfig, parts: list[str], prompts, stage_module: StageModules) -> None:
         self.cfg = cfg
         self.parts, self.prompts, self.stage_module = parts, prompts, stage_module
-        declare_drafters(cfg)  # what the time model asks of each drafter, from its class
+        declare_drafters(cfg, [e.drafter for e in stage_entries(cfg) if e.drafter])  # what the time model asks of each drafter
         set_threads(cfg)  # before the runs' machine tags are taken
         freeze(cfg)  # the plan and other files the job reads: one for all its hashes and its stage
         self.runs = JobRuns(cfg, stage_module)

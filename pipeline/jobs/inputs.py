@@ -2,7 +2,7 @@
 
 A speed job's recommended arm follows the campaign's latest plan, and a best_fixed arm runs the
 exploratory check's best fixed configuration; a cost-model arm the config does not spell out
-(an arm or ``stage.k_policies`` naming it beside another ``k_policy``, or a plan's recommendation) takes its schema's
+(an arm entry naming it beside another ``k_policy``, or a plan's recommendation) takes its schema's
 defaults. Were these left out of the job's hash, rerunning a check after a new plan, or after a
 changed default, would find the old file "already complete" and report the old arms as the new.
 
@@ -18,9 +18,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipeline.jobs.arms import engine_name, stage_entries
+from pipeline.jobs.arms import arm_list, engine_name, stage_entries, stage_preset
 from speclab.specs.arms import needs, policies as arm_policies
 from store import best_fixed, layout, plans
+from store.legacy_arms import hashed_arms
 
 
 def campaign_dir(cfg: DictConfig) -> Path:
@@ -42,12 +43,11 @@ def find_best_fixed(cfg: DictConfig) -> best_fixed.BestFixed | None:
 
 
 def _runs_schema_cost_model(cfg: DictConfig) -> bool:
-    st = cfg.stage
     if str(cfg.k_policy.name) == "cost_model":
         return False  # its arms use the config's own k_policy, which is hashed
     entries = stage_entries(cfg)
-    return ("cost_model" in [str(p) for p in st.get("k_policies") or []] + arm_policies(entries)
-            or needs(entries, "recommended"))
+    hashed = hashed_arms(engine_name(cfg), arm_list(cfg), stage_preset(str(cfg.stage.name))) if entries else []
+    return "cost_model" in arm_policies(hashed) or needs(entries, "recommended")
 
 
 def job_inputs(cfg: DictConfig) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """Shapes that would take the machine down, refused before any model loads (one line each, with the estimate).
 
-A job's trees (``stage.trees``, tree entries of ``stage.arms``), the largest k, the timing stage's tree nodes
+A job's trees (tree entries of ``stage.arms``), the largest k, the timing stage's tree nodes
 and pass lengths and the batch sizes each make one forward pass and grow the caches. Their memory is
 estimated (speclab/models/memory.py) from the pair's config, read without weights
 (speclab/models/configs.py), and compared with what the machine has free now: a shape that does not fit is
@@ -111,12 +111,7 @@ class Shape:
 
 
 def _tree_arms(cfg: DictConfig) -> list[tuple[str, TreeSpec]]:
-    st = cfg.stage
     out = []
-    trees = [str(x) for x in (st.get("trees") or [])]
-    for spec in trees:
-        out.append((f"stage.trees=[{', '.join(trees)}]" if len(trees) > 1 else f"stage.trees=[{spec}]",
-                    parse_tree(spec)))
     for e in stage_entries(cfg):
         if e.tree is not None:
             tree = parse_tree(e.tree)

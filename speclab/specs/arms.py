@@ -167,17 +167,21 @@ RECOMMENDED = Arm("recommended", None, PLAN, PLAN)  # the plan's choice for the 
 
 @dataclass
 class ArmEntry:
-    """One entry of ``stage.arms``: the arms of one method and drafter.
+    """One entry of ``stage.arms``: the arms of one method and drafter, for every stage and every engine (the config's
+    list is built into these by Hydra's ``instantiate``, pipeline/jobs/arms.py).
 
-    - ``method``: speculative (our loop), recommended (the plan's choice per kind), best_fixed (the campaign's
-      exploratory check's best fixed configuration), or a transformers peer: hf_assisted (our k, no
+    - ``method``: speculative (the engine's speculation), recommended (the plan's choice per kind), best_fixed (the
+      campaign's exploratory check's best fixed configuration), or a transformers peer: hf_assisted (our k, no
       threshold), hf_default (the library's settings), hf_lookup (its prompt lookup).
-    - ``drafter``: a drafter option (model, prompt_lookup, hybrid); null: the job's ``drafter``.
-    - ``k_policy``: fixed, cost_model or heuristic; null: the job's ``k_policy``.
-    - ``ks``: one arm per k; null: ``stage.ks`` (the top-level k when empty) for a fixed k or the job's own
+    - ``drafter``: a drafter of the engine (speclab: a drafter option, model, prompt_lookup, hybrid; llama.cpp: its
+      speculative type, model or ngram-*); null: the job's ``drafter`` (llama.cpp: its draft model).
+    - ``k_policy``: fixed, cost_model or heuristic (speclab); null: the job's ``k_policy``.
+    - ``ks``: one arm per k; null: the stage's ks (the top-level k when empty) for a fixed k or the job's own
       policy, the top-level k where another adaptive policy starts.
     - ``tree``: a tree shape, as data (``{family: static, branching: [3, 2, 1, 1]}``) or a short spec
-      (``static:3-2-1-1``, ``dynamic:5-4-16``, ``lookup:4-6``): one arm, k its depth.
+      (``static:3-2-1-1``, ``dynamic:5-4-16``, ``lookup:4-6``): one arm, k its depth (speclab).
+    - ``settings``: the engine's other settings of the drafter (llama.cpp: ``{p_min: 0.8}``), checked by the engine.
+    - ``default``: the engine's own defaults for the drafter (no k of ours).
     """
 
     method: str = "speculative"
@@ -185,6 +189,26 @@ class ArmEntry:
     k_policy: Optional[str] = None
     ks: Optional[list[int]] = None
     tree: Any = None
+    settings: Optional[dict[str, Any]] = None
+    default: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in ENTRY_METHODS:
+            raise ValueError(f"stage.arms method={self.method!r} is not allowed: use one of {list(ENTRY_METHODS)}")
+        if self.ks is not None and (not list(self.ks) or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
+                                                              for k in self.ks)):
+            raise ValueError(f"stage.arms ks={list(self.ks)!r} is not allowed: use null or a non-empty list of "
+                             "integers >= 1, e.g. [2,4]")
+        if self.tree is not None:
+            parse_tree(self.tree)
+        if self.settings is not None and not isinstance(self.settings, Mapping):
+            raise ValueError(f"stage.arms settings={self.settings!r} is not allowed: use a mapping such as {{p_min: 0.8}}")
+        if not isinstance(self.default, bool):
+            raise ValueError(f"stage.arms default={self.default!r} is not allowed: use true or false")
+
+    def given(self) -> dict[str, Any]:
+        """The keys this entry sets (the rest at their defaults), as a user writes it."""
+        return {k: getattr(self, k) for k, f in self.__dataclass_fields__.items() if getattr(self, k) != f.default}
 
 
 ENTRY_METHODS = ("speculative", "recommended", "best_fixed", *PEER_METHODS.values())
@@ -202,24 +226,15 @@ class Job:
 
 
 def entry(data: Mapping[str, Any] | ArmEntry) -> ArmEntry:
-    """An entry from config data; a one-line ValueError for a bad one."""
+    """An entry from plain data (a stored record's); a one-line ValueError for a bad one. A job's config builds its
+    entries with Hydra's ``instantiate`` (pipeline/jobs/arms.py), which calls the same constructor."""
     if isinstance(data, ArmEntry):
-        e = data
-    else:
-        unknown = set(data) - set(ArmEntry.__dataclass_fields__) - {"_target_"}
-        if unknown:
-            raise ValueError(f"stage.arms entry {dict(data)} has unknown keys {sorted(unknown)}: use "
-                             f"{list(ArmEntry.__dataclass_fields__)}")
-        e = ArmEntry(**{k: v for k, v in data.items() if k != "_target_"})
-    if e.method not in ENTRY_METHODS:
-        raise ValueError(f"stage.arms method={e.method!r} is not allowed: use one of {list(ENTRY_METHODS)}")
-    if e.ks is not None and (not list(e.ks) or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
-                                                    for k in e.ks)):
-        raise ValueError(f"stage.arms ks={list(e.ks)!r} is not allowed: use null or a non-empty list of integers "
-                         ">= 1, e.g. [2,4]")
-    if e.tree is not None:
-        parse_tree(e.tree)
-    return e
+        return data
+    unknown = set(data) - set(ArmEntry.__dataclass_fields__) - {"_target_"}
+    if unknown:
+        raise ValueError(f"stage.arms entry {dict(data)} has unknown keys {sorted(unknown)}: use "
+                         f"{list(ArmEntry.__dataclass_fields__)}")
+    return ArmEntry(**{k: v for k, v in data.items() if k != "_target_"})
 
 
 def expand(e: ArmEntry, job: Job, best: tuple[str, int] | None = None) -> list[Arm]:
