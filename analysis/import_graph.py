@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL_PACKAGES = ("analysis", "speclab", "pipeline", "store")
+LOCAL_PACKAGES = ("analysis", "speclab", "pipeline", "store", "engines")
 
 
 def module_file(name: str, root: Path = ROOT) -> Path | None:

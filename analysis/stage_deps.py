@@ -40,7 +40,7 @@ def stage_module(cmd: str) -> str | None:
 
 def dep_of(path: str) -> str:
     """The dep that covers the module file ``path``: its sub-package's folder (speclab/stats/intervals.py ->
-    speclab/stats, speclab/engines/llama_cpp/arms.py -> speclab/engines), its package's folder for a package of
+    speclab/stats, engines/llama_cpp/arms.py -> engines/llama_cpp), its package's folder for a package of
     FOLDERS (store/seal.py -> store), else the file itself (analysis/fit.py)."""
     parts = path.split("/")
     if parts[0] in FOLDERS:

@@ -72,8 +72,8 @@ def interleaved_rows(args, requests: list[tuple[str, str, list[int]]], r: int) -
     """Per prompt, back to back in alternating order: the stage's own request path (speclab's LlamaCppEngine, whose
     ``generate`` times the speed stage's plain rows) and the direct request, each to its own idle server."""
     from speclab.specs.arms import PLAIN
-    from speclab.engines.llama_cpp.build import installed
-    from speclab.engines.llama_cpp.engine import LlamaCppEngine, LlamaSettings, sampling_payload
+    from engines.llama_cpp.build import installed
+    from engines.llama_cpp.client import LlamaCppEngine, LlamaSettings, sampling_payload
     from speclab.models.loading import packaged_gguf_path
 
     target = packaged_gguf_path(TARGETS[args.pair])
@@ -103,8 +103,8 @@ class DirectServer:
     """llama-server started here with the stage's options, asked through http.client."""
 
     def __init__(self, args, target) -> None:
-        from speclab.engines.llama_cpp.build import installed
-        from speclab.engines.llama_cpp.server import free_port
+        from engines.llama_cpp.build import installed
+        from engines.llama_cpp.server import free_port
 
         self.args, self.port = args, free_port()
         argv = [str(installed() / "llama-server"), "-m", str(target), "--host", "127.0.0.1", "--port", str(self.port),

@@ -56,7 +56,7 @@ def _llama_cpp_items(items) -> None:
     marked = [item for item in items if item.get_closest_marker("llama_cpp")]
     if not marked:
         return
-    from speclab.engines.llama_cpp.build import installed
+    from engines.llama_cpp.build import installed
 
     if installed() is not None:
         return

@@ -173,7 +173,7 @@ def engine_words() -> list[str]:
     words = {"llama", "on_llama"}
     for name, path in ENGINES.items():
         module, _, cls = path.rpartition(".")
-        words |= {module.rsplit(".", 1)[1], cls}
+        words |= {module.rpartition(".")[0], cls}  # its package (engines.<name>) and its class
         if name != "speclab":  # "speclab" is also the library's name: its comparisons are caught below
             words.add(name)
     return sorted(words)
@@ -194,8 +194,7 @@ def test_no_stage_names_an_engine(path):
 
 def test_the_name_check_sees_an_engine():
     assert engine_names_in("if on_llama(ctx):") == ["llama", "on_llama"]
-    assert engine_names_in("from pipeline.engines.speclab_runner import SpeclabRunner") == ["SpeclabRunner",
-                                                                                           "speclab_runner"]
+    assert engine_names_in("from engines.speclab.runner import SpeclabRunner") == ["SpeclabRunner", "engines.speclab"]
     assert engine_names_in('own = runner.name == "speclab"') == ['== "speclab"']
 
 
@@ -216,7 +215,7 @@ class FakeServer:
 
 
 class FakeLlamaCpp:
-    """speclab/engines/llama_cpp/engine.py's LlamaCppEngine without servers: the calls the runner makes, answered."""
+    """engines/llama_cpp/client.py's LlamaCppEngine without servers: the calls the runner makes, answered."""
 
     target = draft = "fake.gguf"
 
@@ -225,7 +224,7 @@ class FakeLlamaCpp:
         self.plain = FakeServer()
 
     def generate(self, arm, ids, n_new, sampling=None, n_probs=0):
-        from speclab.engines.llama_cpp.engine import EngineRun
+        from engines.llama_cpp.client import EngineRun
         self.calls.append(("generate", arm.method, arm.k, n_probs))
         tokens = [(sum(ids) + i) % 40 for i in range(n_new)]
         spec = arm.method != "plain"
@@ -258,7 +257,7 @@ class FakeLlamaCpp:
 def test_llama_runner_answers_the_seam_over_faked_servers(tmp_path, stage):
     import importlib
 
-    from pipeline.engines.llama_runner import LlamaRunner
+    from engines.llama_cpp.runner import LlamaRunner
 
     own = {"timing": ["stage.repeats=2"], "speed": ["stage.ks=[2,3]", "stage.rounds=1"]}.get(stage, ["stage.ks=[2,3]"])
     cfg = make_cfg(tmp_path, "engine=llama_cpp", f"stage={stage}", "prompts.kinds=[code]", "prompts.per_kind=1",

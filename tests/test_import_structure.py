@@ -14,7 +14,7 @@ import pytest
 from analysis.import_graph import imported_files, local_imports, module_file, named_imports
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = tuple(p for p in ("speclab", "pipeline", "analysis", "store") if (ROOT / p / "__init__.py").is_file())
+PACKAGES = tuple(p for p in ("speclab", "pipeline", "analysis", "store", "engines") if (ROOT / p / "__init__.py").is_file())
 
 
 def modules(package: str) -> list[str]:
@@ -86,7 +86,8 @@ def test_every_module_imports_alone(package):
 
 
 @pytest.mark.parametrize("floor,forbidden", [("analysis", "pipeline"), ("store", "pipeline"), ("store", "analysis"),
-                                             ("speclab", "pipeline"), ("speclab", "analysis")])
+                                             ("speclab", "pipeline"), ("speclab", "analysis"), ("speclab", "engines"),
+                                             ("store", "engines"), ("pipeline", "engines"), ("engines", "analysis")])
 def test_a_floor_never_reaches_up(floor, forbidden):
     """analysis/ reads results through store/ and speclab's torch-free modules; the library and the store know
     nothing of the layers above them. Computed from every module's imports, so a new module is covered."""
@@ -114,7 +115,7 @@ def test_importing_every_analysis_module_loads_no_torch():
 # above. A floor is a sub-package (its folder) or, for modules directly in the package, the entry points on top.
 FLOORS = {
     "speclab": ["speclab.stats", "speclab.specs", "speclab.costs", "speclab.decoding", "speclab.models",
-                "speclab.trees", "speclab.measures", "speclab.drafting", "speclab.engines", "speclab"],
+                "speclab.trees", "speclab.measures", "speclab.drafting", "speclab"],
     "pipeline": ["pipeline.config", "pipeline.tracking", "pipeline.prompts", "pipeline.jobs", "pipeline.engines",
                  "pipeline.stages", "pipeline"],
 }
@@ -162,13 +163,13 @@ def test_the_floor_check_sees_an_arrow_up():
     assert named_imports(module_file("pipeline.run")) >= {"pipeline.stages", "pipeline.jobs.execute"}
     assert arrows_up({"pipeline.jobs.runs": {"pipeline.stages"}}, floors) == [
         "pipeline.jobs.runs -> pipeline.stages (pipeline.jobs -> pipeline.stages)"]
-    assert floor_of("pipeline.run") == "pipeline" and floor_of("speclab.engines.llama_cpp.build") == "speclab.engines"
+    assert floor_of("pipeline.run") == "pipeline" and floor_of("speclab.decoding.loop") == "speclab.decoding"
 
 
 # Two modules of one name are the same concept on two floors, and this says which.
 SAME_CONCEPT = {
     "acceptance.py": "acceptance rules (speclab) and the stage that measures acceptance (pipeline)",
-    "arms.py": "the arm as data (speclab.specs), an engine's arms (speclab.engines.llama_cpp), a job's arms (pipeline)",
+    "arms.py": "the arm as data (speclab.specs), an engine's arms (engines.llama_cpp), a job's arms (pipeline)",
     "batch.py": "the batched loop, the batch stage that runs it, the batch analysis that reads it",
     "divergence.py": "why a greedy output diverged (speclab) and the stage that asks it (pipeline)",
     "identity.py": "a config's hash (store) and a job's identity built on it (pipeline.jobs)",
@@ -179,12 +180,21 @@ SAME_CONCEPT = {
 }
 
 
+# The modules every engine package has (docs/engines.md's recipe): one name in each engine, the same concept.
+ENGINE_MODULES = ("conf.py", "runner.py")
+
+
+def _named(path: Path) -> bool:
+    return path.name != "__init__.py" and not (path.parent.parent == ROOT / "engines" and path.name in ENGINE_MODULES)
+
+
 def test_a_file_name_is_used_once_unless_the_same_concept():
-    """No file name twice across speclab/, pipeline/, store/ and analysis/ except ``SAME_CONCEPT``'s."""
+    """No file name twice across speclab/, pipeline/, store/, analysis/ and engines/ except ``SAME_CONCEPT``'s and the
+    modules every engine package has (``ENGINE_MODULES``)."""
     seen: dict[str, list[str]] = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
-            if path.name != "__init__.py":
+            if _named(path):
                 seen.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
     assert {n: p for n, p in seen.items() if len(p) > 1 and n not in SAME_CONCEPT} == {}
 
@@ -205,3 +215,19 @@ def test_each_twin_names_its_other_floors():
             silent += [f"{path.relative_to(ROOT)} does not name {t.relative_to(ROOT)}" for t in group
                        if t != path and t.relative_to(ROOT).as_posix() not in doc]
     assert not silent
+
+
+def test_an_engine_package_imports_the_seam_and_below_never_the_stages_or_another_engine():
+    """engines/<name>/ holds all of one engine's code. It may import speclab, store and pipeline up to the seam
+    (pipeline.engines); the stages, the entry points and the other engines it never imports, and pipeline imports no
+    engine (it finds one by name: conf/engine/<name>.yaml's ``_target_``, engines/<name>/conf.py)."""
+    above = ("pipeline.stages", "pipeline.run", "pipeline.recheck", "pipeline.workload")
+    bad = []
+    for module in modules("engines"):
+        own = ".".join(module.split(".")[:2])
+        for target in named_imports(module_file(module)):
+            if target.startswith(above) or (target.startswith("engines.") and not target.startswith(own)):
+                bad.append(f"{module} -> {target}")
+    assert not bad
+    assert {p.parent.name for p in (ROOT / "engines").glob("*/conf.py")} == {
+        p.parent.name for p in (ROOT / "engines").glob("*/runner.py")} >= {"speclab", "llama_cpp"}

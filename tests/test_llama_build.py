@@ -1,4 +1,4 @@
-"""The llama.cpp build (speclab/engines/llama_cpp/build.py) without compiling anything: the CPU flags it reads, the
+"""The llama.cpp build (engines/llama_cpp/build.py) without compiling anything: the CPU flags it reads, the
 CMake options it chooses (never native, never AMX, an extension only where the CPU lists it), the cache folder per
 options, the probe that falls back to the baseline flags when a binary dies of an illegal instruction, one-line
 errors, and the llama_cpp test marker (skipped without a build, failed where CI requires it)."""
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.jobs.errors import error_line
-from speclab.engines.llama_cpp import build as llama_build
-from speclab.engines.llama_cpp.build import BuildError, build_dir_name, cmake_options, cpu_flags
-from speclab.engines.llama_cpp.server import ServerError
+from engines.llama_cpp import build as llama_build
+from engines.llama_cpp.build import BuildError, build_dir_name, cmake_options, cpu_flags
+from engines.llama_cpp.server import ServerError
 
 ROOT = Path(__file__).resolve().parents[1]
 X86_CPUINFO = """processor\t: 0

@@ -123,7 +123,7 @@ def _script(path: Path, body: str) -> Path:
 
 def _counting_binary(tmp_path: Path) -> tuple[Path, Path]:
     """The real llama-server behind a script that notes each start: (the script, the file of its notes)."""
-    from speclab.engines.llama_cpp.build import installed
+    from engines.llama_cpp.build import installed
 
     notes = tmp_path / "started"
     real = installed() / "llama-server"

@@ -22,7 +22,7 @@ import pytest
 from pipeline.config.schema import SPECLAB, STAGE_SCHEMAS, ConfigError
 from pipeline.engines.option_checks import ENGINE_KEYS, PLAN_PRESETS, check_engine
 from pipeline.stages.divergence import engine_analyse
-from speclab.engines.llama_cpp.engine import EngineRun
+from engines.llama_cpp.client import EngineRun
 from tests.pipeline_helpers import make_cfg
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -119,7 +119,7 @@ def test_recommended_runs_count_only_under_the_plan_their_job_followed():
 def test_adaptive_policies_run_with_every_policy_drafter_and_lookup_is_priced_free(tmp_path):
     from hydra.utils import get_class
 
-    from pipeline.engines.speclab_runner import configurations
+    from engines.speclab.runner import configurations
     from pipeline.config.strategy_config import drafter_conf
     from speclab.drafting.strategy import Prices, drafts_with_model
     from speclab.costs.time_model import CostTable

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.jobs.context import build_context
-from pipeline.engines.speclab_runner import SpeclabRunner
+from engines.speclab.runner import SpeclabRunner
 from pipeline.stages import speed
 from pipeline.stages.speed_race import BUDGET_ROUNDS, FIXED, STOPS
 from pipeline_helpers import make_cfg

@@ -18,7 +18,7 @@ import yaml
 from pipeline.jobs import trust
 from pipeline.jobs.identity import output_path
 from pipeline.run import run_parts
-from pipeline.engines import speclab_runner as engine_speclab
+from engines.speclab import runner as engine_speclab
 from pipeline.stages import speed, timing
 from pipeline.tracking.mlflow_view import rounded
 from pipeline.jobs.run_names import arm_run_name, grouped_metrics, run_name, shown_metrics

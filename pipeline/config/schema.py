@@ -34,7 +34,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from pipeline.config.settings import arm_hashed, checks, neutral_table, same_as, section, setting, volatile_keys
-from pipeline.config.value_checks import (Check, int_at_least, int_in, ints_at_least, matches, nonblank, number_in, one_of,
+from pipeline.config.engine_conf import engine_confs
+from pipeline.config.value_checks import (MAX_THREADS, Check, int_at_least, int_in, ints_at_least, matches, nonblank, number_in, one_of,
                                    positive_or_null, subset_of, unset_or, worded)
 from speclab.specs.arms import ArmEntry
 from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
@@ -52,7 +53,6 @@ class ConfigError(ValueError):
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
-MAX_THREADS = 4 * (os.cpu_count() or 1)  # more only costs memory (threads=100000 ran out of it)
 MAX_SEED = 2**63 - 1  # torch's generators take 64 bits; stages add small offsets to the seed
 NAME_WORDS = "a name of letters, digits, '_', '.', '-'"
 # engine=SPECLAB: a key only speclab's own loop reads (every engine's configurations are stage.arms entries);
@@ -363,34 +363,7 @@ class TrustConf:
                             doc="fewer runs per arm (repeats per timing) than this give no interval")
 
 
-@dataclass
-class SpeclabEngineConf:
-    """speclab's own loops (the default): every stage, every drafter, policy and tree."""
-    _target_: str = setting("pipeline.engines.speclab_runner.SpeclabRunner", neutral="pipeline.engines.speclab_runner.SpeclabRunner",
-                            doc="the runner class (instantiated with the job's context)")
-    name: str = setting("speclab", neutral="speclab", doc="the engine that runs the arms (conf/engine/)")
-
-
-@dataclass
-class LlamaCppEngineConf:
-    """llama.cpp's llama-server (speclab/engines/): one server per configuration, on 127.0.0.1."""
-    _target_: str = same_as(SpeclabEngineConf, "_target_", "pipeline.engines.llama_runner.LlamaRunner")
-    name: str = same_as(SpeclabEngineConf, "name", "llama_cpp")
-    binary: str = setting("", doc="a llama-server executable; empty: the build of `make llama-cpp` (speclab cache)")
-    threads: int = setting(2, int_in(1, MAX_THREADS, f"an integer >= 1 and <= {MAX_THREADS}"),
-                           doc="the server's threads (-t and -tb)")
-    ctx_size: int = setting(2048, int_at_least(64), doc="the server's context (-c): prompt + new tokens + drafts")
-    cache_prompt: bool = setting(False, doc="false: every request prefills its prompt (as speclab's loop); true: "
-                                            "the server reuses a cached common prefix")
-    port: int = setting(0, int_in(0, 65535, "0 (a free port per server) or a port number <= 65535"),
-                        doc="0: each server on a free port; N: servers on N, N+1, ...")
-    startup_timeout_s: float = setting(180.0, number_in(0, float("inf"), lo_open=True), doc="wait for /health")
-    draft_model: str = setting("", doc="the draft GGUF (a model name or a path); empty: the pair's draft where it "
-                                       "is a GGUF model, else the target's own file (a copy)")
-    extra_args: list[str] = setting([], doc="more llama-server options, added to every server")
-
-
-ENGINES = {conf().name: conf for conf in (SpeclabEngineConf, LlamaCppEngineConf)}
+ENGINES = engine_confs()  # each engine package's settings (engines/<name>/conf.py), by the name its rows carry
 
 
 @dataclass

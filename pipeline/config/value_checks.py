@@ -4,12 +4,14 @@ A check is attached to its key where the key is declared (``pipeline.config.sett
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from omegaconf import ListConfig
 
 Check = tuple[Callable[[Any], bool], str]
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # more threads only cost memory (threads=100000 ran out of it)
 
 
 def worded(check: Check, allowed: str) -> Check:

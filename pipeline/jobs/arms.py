@@ -1,6 +1,6 @@
 """The arms a job runs: ``stage.arms``, each entry built by Hydra's ``instantiate`` into speclab's ``ArmEntry``, for
 every stage and every engine (null: the engine's own default arms, ``Engine.default_arms``).
-Same concept, other floors: ``speclab/engines/llama_cpp/arms.py``, ``speclab/specs/arms.py``."""
+Same concept, other floors: ``engines/llama_cpp/arms.py``, ``speclab/specs/arms.py``."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +13,7 @@ from pipeline.config.schema import CONF_DIR, ConfigError
 from speclab.specs.arms import ArmEntry
 
 ARM_ENTRY = f"{ArmEntry.__module__}.{ArmEntry.__qualname__}"
-DEFAULT_RUNNER = "pipeline.engines.speclab_runner.SpeclabRunner"  # a config composed without the engine group
+DEFAULT_RUNNER = "engines.speclab.runner.SpeclabRunner"  # a config composed without the engine group
 
 
 def engine_name(cfg: DictConfig) -> str:

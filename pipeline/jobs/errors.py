@@ -11,13 +11,11 @@ from pipeline.config.schema import (
     CHECKS, CONF_DIR, DRAFTERS, K_POLICIES, STAGE_SCHEMAS, ConfigError, check_config, close_matches, unknown_key_line,
 )
 from pipeline.tracking.redact import redact
-from speclab.engines.llama_cpp.build import BuildError
-from speclab.engines.llama_cpp.server import ServerError
 from store.extend import override_key
 
-# An engine's faults (a llama-server that cannot start or dies, a build that cannot be done here) are said in one
-# line by the engine itself: what failed and the server's last log line.
-ENGINE_ERRORS = (ServerError, BuildError)
+# An engine's faults (a server that cannot start or dies, a build that cannot be done here) are said in one line by
+# the engine itself (what failed and the server's last log line): its exception class declares ``one_line = True``.
+ONE_LINE = "one_line"
 
 # What a type error means to a user, by the type OmegaConf failed to convert to.
 TYPE_WORDS = {"Integer": "an integer", "Boolean": "true or false", "Float": "a number", "String": "a string"}
@@ -156,7 +154,7 @@ def error_line(err: BaseException) -> str | None:
     keeps its traceback)."""
     if isinstance(err, (HydraException, OmegaConfBaseException)):
         return redact(_hydra_line(err))
-    if isinstance(err, (ValueError, FileNotFoundError, *ENGINE_ERRORS)):
+    if isinstance(err, (ValueError, FileNotFoundError)) or getattr(type(err), ONE_LINE, False):
         return redact(_collapse(err))
     if isinstance(err, OSError):
         return redact(_collapse(os_error_text(err)))

@@ -1,5 +1,5 @@
 """llama.cpp as the engine of a job: its servers started on the pair's GGUF files, the stages' requests answered by
-them, its costs timed as its own passes (speclab/engines/llama_cpp/engine.py). It answers the engine seam
+them, its costs timed as its own passes (engines/llama_cpp/client.py). It answers the engine seam
 (pipeline/engines/base.py ``Engine``): one row per request in acceptance (the server's counters), the top-2
 probabilities of its own passes for divergence, and refusals of what only speclab's loop runs (``check``).
 
@@ -23,8 +23,8 @@ from pipeline.config.stage_options import chosen
 from pipeline.engines.option_checks import LOOP_ONLY, PLAN_PRESETS, refuse_engine_keys
 from pipeline.engines.base import Engine, RequestResult, RunResult, StepTimes, TimedPass, loop_columns
 from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm, ArmEntry
-from speclab.engines.llama_cpp import arms as llama_arms
-from speclab.engines.llama_cpp.engine import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
+from engines.llama_cpp import arms as llama_arms
+from engines.llama_cpp.client import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
                                        sampling_payload, top_probs as position_probs)
 from speclab.measures.step_costs import pass_timing
 from speclab.models.gguf_header import read_metadata
@@ -70,7 +70,7 @@ def find_binary(binary: str) -> str:
     """The llama-server to run: ``engine.binary``, else the cached build of ``make llama-cpp``."""
     if binary:
         return binary
-    from speclab.engines.llama_cpp.build import installed
+    from engines.llama_cpp.build import installed
     found = installed()
     if found is None:
         raise ValueError("engine=llama_cpp needs a llama-server build: run `make llama-cpp` (builds it into the speclab "
@@ -158,7 +158,7 @@ class LlamaRunner(Engine):
         from pipeline.jobs.context import StageContext
         from pipeline.jobs.identity import config_hash
         from pipeline.prompts.turns import PromptModels, prompt_inputs
-        from speclab.engines.llama_cpp.engine import gguf_vocab
+        from engines.llama_cpp.client import gguf_vocab
         from speclab.models.gguf_header import config_from_gguf
         from speclab.models.loading import ModelPair, load_tokenizer
 

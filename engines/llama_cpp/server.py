@@ -34,6 +34,8 @@ _LOG_LINE = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([A-Z]) (.*)$")
 class ServerError(RuntimeError):
     """A llama-server that could not start, answer or keep running, said in one line."""
 
+    one_line = True  # the pipeline prints it as it is (pipeline/jobs/errors.py)
+
 
 @dataclass(frozen=True)
 class ServerSpec:

@@ -1,6 +1,6 @@
 """Build llama.cpp's ``llama-server`` and ``llama-bench`` from the source vendored in a pinned PyPI sdist.
 
-``python -m speclab.engines.llama_cpp.build`` (``make llama-cpp``) downloads ``llama-cpp-python`` 0.3.36's
+``python -m engines.llama_cpp.build`` (``make llama-cpp``) downloads ``llama-cpp-python`` 0.3.36's
 sdist with pip (hash-checked: ``--require-hashes``), configures llama.cpp with the CPU flags this
 machine both lists and runs, builds the two binaries statically and caches them under
 ``<speclab cache>/llama.cpp/<version>-<flags digest>/bin``. A second call finds the build and returns.
@@ -58,6 +58,8 @@ COMMON = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS
 
 class BuildError(RuntimeError):
     """A build that cannot be done here, said in one line."""
+
+    one_line = True  # the pipeline prints it as it is (pipeline/jobs/errors.py)
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
@@ -236,7 +238,7 @@ def build(jobs: int | None = None, quiet: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m speclab.engines.llama_cpp.build", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m engines.llama_cpp.build", description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: every core)")
     parser.add_argument("--print-options", action="store_true", help="print the CMake options for this machine")
     args = parser.parse_args(argv)

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from speclab.specs.arms import PLAIN, Arm
-from speclab.engines.llama_cpp.arms import flags
-from speclab.engines.llama_cpp.server import LlamaServer, ServerSpec
+from engines.llama_cpp.arms import flags
+from engines.llama_cpp.server import LlamaServer, ServerSpec
 from speclab.models.gguf_header import read_metadata
 
 # GGUF general.file_type -> llama.cpp's name for the weights' type (the dtype column of llama.cpp rows)
