@@ -6,9 +6,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# SPECLAB_TEST_THREADS: make mutation runs every test in one thread (mutmut forks its workers, and a forked
-# OpenMP pool can deadlock).
-torch.set_num_threads(int(os.environ.get("SPECLAB_TEST_THREADS", 0)) or max(1, min(2, os.cpu_count() or 1)))
+# One torch thread by default (SPECLAB_TEST_THREADS=N asks for N): the tests' models are tiny, and a second
+# OpenMP thread only spins against whatever else runs on a shared 2-core machine: the modules without the
+# one_torch_thread fixture below ran up to 10x slower under load (test_loop_greedy 2 s -> 21 s,
+# test_acceptance_replay 3 s -> 35 s). A test that needs more threads sets them itself (test_trust's). make mutation
+# runs every test in one thread too (mutmut forks its workers, and a forked OpenMP pool can deadlock).
+torch.set_num_threads(int(os.environ.get("SPECLAB_TEST_THREADS", 0)) or 1)
 
 
 @pytest.fixture(scope="session")
