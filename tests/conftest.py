@@ -6,9 +6,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# SPECLAB_TEST_THREADS: make mutation runs every test in one thread (mutmut forks its workers, and a forked
-# OpenMP pool can deadlock).
-torch.set_num_threads(int(os.environ.get("SPECLAB_TEST_THREADS", 0)) or max(1, min(2, os.cpu_count() or 1)))
+# One torch thread by default (SPECLAB_TEST_THREADS=N asks for N): the tests' models are tiny, and a second
+# OpenMP thread only spins against whatever else runs on a shared 2-core machine: the modules without the
+# one_torch_thread fixture below ran up to 10x slower under load (test_loop_greedy 2 s -> 21 s,
+# test_acceptance_replay 3 s -> 35 s). A test that needs more threads sets them itself (test_trust's). make mutation
+# runs every test in one thread too (mutmut forks its workers, and a forked OpenMP pool can deadlock).
+torch.set_num_threads(int(os.environ.get("SPECLAB_TEST_THREADS", 0)) or 1)
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +74,26 @@ def _llama_cpp_items(items) -> None:
 def pytest_runtest_setup(item):
     if item.stash.get(LLAMA_REQUIRED, False):
         pytest.fail(f"SPECLAB_REQUIRE_LLAMA=1 and {LLAMA_MISSING}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def memo_import_graph():
+    """analysis.import_graph.named_imports remembered per (file, root, text) for the session: the import-graph
+    tests walk the same ~200 unchanged repository files thousands of times (every stage, every dvc.yaml variant),
+    and parsing them again each time was most of a minute. The function still runs once on every distinct file text
+    (a test that rewrites a file gets a fresh parse); its result depends on the file's text and on which module
+    files exist under root, and no test adds or removes a module file after it first reads a root's graph."""
+    import analysis.import_graph as graph
+
+    real = graph.named_imports
+    seen: dict[tuple, frozenset] = {}
+
+    def named_imports(path, root=graph.ROOT):
+        key = (str(path), str(root), path.read_text())
+        if key not in seen:
+            seen[key] = frozenset(real(path, root))
+        return set(seen[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(graph, "named_imports", named_imports)
+        yield

@@ -13,6 +13,8 @@ import pytest
 
 from analysis.import_graph import imported_files, local_imports, module_file, named_imports
 
+pytestmark = pytest.mark.usefixtures("memo_import_graph")
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = tuple(p for p in ("speclab", "pipeline", "analysis", "store", "engines") if (ROOT / p / "__init__.py").is_file())
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from analysis.import_graph import ROOT, imported_files
 from analysis.stage_deps import covers, differences, is_code, main, rewrite, stage_module
+
+pytestmark = pytest.mark.usefixtures("memo_import_graph")
 
 ANALYSIS_MODULES = ("fit", "breakeven", "strategies", "report", "drift", "correctness", "jobs", "headline", "publish",
                     "time_model", "recommend", "pair_section", "trees", "answer")
