@@ -15,7 +15,6 @@ import yaml
 
 from analysis.answer import (Answer, best_table, candidates, difference_ci, headline_row, headline_rows, not_to_use,
                              paired_difference, read_answer, render, render_text)
-from analysis.common import bootstrap_ci
 
 REPO = Path(__file__).resolve().parents[1]
 BOOT = {"samples": 500, "seed": 0, "level": 0.95}

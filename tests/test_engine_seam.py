@@ -131,6 +131,8 @@ def test_a_stub_engine_runs_timing_acceptance_speed_and_divergence(tmp_path):
     assert set(speed.arm) == {"plain", "speculative"} and sorted(spec.k.unique()) == [2, 3]
     assert (spec.ratio_to_adjacent_plain - PLAIN_WALL / SPEC_WALL).abs().max() < 1e-9
     assert (spec.acceptance_rate == ACCEPTED / DRAFTED).all() and (spec.iterations == 12 - ACCEPTED).all()
+    assert (spec.accepted_by_depth == ",".join(map(str, PER_POS))).all()  # the engine's counts per draft position
+    assert (speed[speed.arm == "plain"].accepted_by_depth == "").all()
     assert spec[spec.k == 2].identical_to_plain.all() and not spec[spec.k == 3].identical_to_plain.any()
     assert (spec.verify_before_s == 0.01 * (spec.k + 1)).all() and (speed.target_step_after_s == 0.01).all()
 

@@ -5,7 +5,6 @@ models and decodes every shipped prompt five times (minutes): it runs with --qwe
 """
 import importlib
 import importlib.util
-import shutil
 
 import pytest
 import torch

@@ -11,7 +11,7 @@ from pipeline.config.schema import ConfigError, check_config
 from pipeline.engines.option_checks import check_engine
 from pipeline.run import run_parts
 from pipeline.jobs.identity import output_path
-from pipeline.stages import speed, timing
+from pipeline.stages import timing
 from speclab.specs.tree_shapes import FAMILIES, parse_tree
 from pipeline_helpers import make_cfg
 from speclab.trees.tree_drafters import DynamicTreeDrafter, LookupTreeDrafter, StaticTreeDrafter

@@ -24,7 +24,6 @@ option's YAML (``- /schema/stage/speed@_here_``); a user's own option file may d
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from pipeline.config.settings import arm_hashed, checks, neutral_table, same_as, section, setting, volatile_keys
 from pipeline.config.engine_conf import engine_confs
 from pipeline.config.value_checks import (MAX_THREADS, Check, int_at_least, int_in, ints_at_least, matches, nonblank, number_in, one_of,
-                                   positive_or_null, subset_of, unset_or, worded)
+                                   positive_or_null, unset_or, worded)
 from speclab.specs.arms import ArmEntry
 from speclab.decoding.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from speclab.costs.planning import recommend

@@ -104,16 +104,23 @@ class AcceptanceRun:
     prompt_len: int = 0
 
 
+def by_position(counts: list[int] | None) -> str:
+    """Counts per draft position as the rows' comma-separated column ('' where the engine does not count them)."""
+    return ",".join(str(int(c)) for c in counts) if counts else ""
+
+
 def loop_columns(r: RequestResult, spec: bool) -> dict[str, Any]:
     """A speed row's loop columns from a request's counters: acceptance = accepted / drafted; iterations = target
-    passes after the prompt. An engine that does not time its iterations' parts leaves their times empty (NaN)."""
+    passes after the prompt; accepted per draft position where the engine counts them. An engine that does not time
+    its iterations' parts leaves their times empty (NaN)."""
     n = len(r.tokens)
     iters = r.iterations if spec else n
     nan = float("nan")
     return {"acceptance_rate": r.accepted / r.drafted if spec and r.drafted else nan,
             "tokens_per_pass": n / iters if iters else nan, "iterations": iters,
             "mean_k": r.drafted / iters if spec and iters else nan, "merged_prefill": False, "tree_nodes": 0.0,
-            "checked_by_depth": "", "accepted_by_depth": "", "draft_calls_by_width": "", "passes_by_width": "",
+            "checked_by_depth": "", "accepted_by_depth": by_position(r.accepted_per_pos),
+            "draft_calls_by_width": "", "passes_by_width": "",
             "loop_new_tokens": n, **{f"{p}_s_per_iter": nan for p in ITERATION_TIMES}}
 
 

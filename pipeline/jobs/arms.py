@@ -9,6 +9,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.config.engine_conf import DEFAULT as DEFAULT_ENGINE
 from pipeline.config.schema import CONF_DIR, ConfigError
 from speclab.specs.arms import ArmEntry
 
@@ -18,13 +19,18 @@ DEFAULT_RUNNER = "engines.speclab.runner.SpeclabRunner"  # a config composed wit
 
 def engine_name(cfg: DictConfig) -> str:
     """The engine that runs the job's arms (``engine`` group; a config composed before it: speclab's loop)."""
-    return str(OmegaConf.select(cfg, "engine.name", default="speclab") or "speclab")
+    return str(OmegaConf.select(cfg, "engine.name", default=DEFAULT_ENGINE) or DEFAULT_ENGINE)
+
+
+def engine_type(cfg: DictConfig) -> type:
+    """The class of the job's engine, named by the config's ``engine._target_`` as Hydra instantiates it (the jobs
+    import no engine: they ask the class what it declares)."""
+    return get_class(str(OmegaConf.select(cfg, "engine._target_") or DEFAULT_RUNNER))
 
 
 def engine_default_arms(cfg: DictConfig) -> list[dict[str, Any]]:
-    """The arms the job's engine runs where ``stage.arms`` is null (its class's ``default_arms``; the class is named
-    by the config's ``engine._target_``, as Hydra instantiates it)."""
-    return [dict(a) for a in get_class(str(OmegaConf.select(cfg, "engine._target_") or DEFAULT_RUNNER)).default_arms]
+    """The arms the job's engine runs where ``stage.arms`` is null (its class's ``default_arms``)."""
+    return [dict(a) for a in engine_type(cfg).default_arms]
 
 
 def stage_preset(stage: str) -> Any:
@@ -38,7 +44,7 @@ def arm_list(cfg: DictConfig) -> list[dict[str, Any]]:
     preset (stage=plan's: speclab's drafters) stands for the engine's own defaults under another engine."""
     arms = OmegaConf.select(cfg, "stage.arms")
     plain = OmegaConf.to_container(arms, resolve=True) if arms is not None else None
-    if plain is None or (engine_name(cfg) != "speclab" and [_given(e) for e in plain] == stage_preset(str(cfg.stage.name))):
+    if plain is None or (engine_name(cfg) != DEFAULT_ENGINE and [_given(e) for e in plain] == stage_preset(str(cfg.stage.name))):
         return engine_default_arms(cfg)
     return [_given(e) for e in plain]
 

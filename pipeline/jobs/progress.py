@@ -7,7 +7,6 @@ process, in a joblib worker and on a SLURM node alike."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any

@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.stage_options import uses
+from pipeline.config.engine_conf import DEFAULT as DEFAULT_ENGINE
 from pipeline.jobs.arms import engine_name
 from pipeline.tracking.mlflow_view import prompt_source, rounded, swept_values
 
@@ -35,7 +36,7 @@ def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[s
     and the pair (the config hash is a tag), at most ``NAME_MAX`` characters. Options the stage does not
     read (pipeline/config/stage_options.py) are left out."""
     read = uses(part)
-    varying = [*swept_values(cfg), *([engine_name(cfg)] if engine_name(cfg) != "speclab" else []), *settings]
+    varying = [*swept_values(cfg), *([engine_name(cfg)] if engine_name(cfg) != DEFAULT_ENGINE else []), *settings]
     varying += [str(cfg.drafter.name)] if cfg.drafter.name != "model" and "drafter" in read else []
     varying += [str(cfg.k_policy.name)] if cfg.k_policy.name != "fixed" and "k_policy" in read else []
     varying += extra
@@ -56,7 +57,7 @@ def run_name(cfg: DictConfig, part: str, settings: list[str] = (), extra: list[s
 
 def arm_run_name(cfg: DictConfig, part: str, arm: str) -> str:
     """An arm's run: the arm (its k, policy, drafter and kind) first, then the prompt set, stage, round and pair."""
-    bits = [arm, *([engine_name(cfg)] if engine_name(cfg) != "speclab" else []), prompt_set(cfg), part,
+    bits = [arm, *([engine_name(cfg)] if engine_name(cfg) != DEFAULT_ENGINE else []), prompt_set(cfg), part,
             *([f"r{cfg.round}"] if cfg.round else []), str(cfg.pair.name)]
     return " · ".join(bits)
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.schema import ConfigError
 from pipeline.jobs.context import job_k_max
-from pipeline.jobs.arms import engine_name, stage_entries
+from pipeline.jobs.arms import engine_type, stage_entries
 from pipeline.prompts.prompt import Prompt
 from speclab.models.memory import (CONSERVATIVE, PY_CANDIDATE, ModelDims, PassCost, available_memory,
                                      dims_from_config, pass_cost, size)
@@ -266,9 +266,9 @@ def check_tree_support(cfg: DictConfig, trees: list[tuple[str, TreeSpec]], targe
 
 def check_shapes(cfg: DictConfig, prompts: list[Prompt], free: int | None = None) -> None:
     """Refuse, in one line and before any model loads, a shape the pair cannot run here (see the module doc).
-    ``free``: the bytes to compare with (default: what the job's device has free now). An engine other than
-    speclab's loop runs its own files (llama.cpp: GGUF as shipped, checked by its runner before a server starts)."""
-    if engine_name(cfg) != "speclab":
+    ``free``: the bytes to compare with (default: what the job's device has free now). An engine that does not load
+    the pair in torch runs its own files (llama.cpp: GGUF as shipped, checked by its runner before a server starts)."""
+    if not engine_type(cfg).recomputes_logits:
         return
     target, draft = pair_models(cfg)
     trees = _tree_arms(cfg)

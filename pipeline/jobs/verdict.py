@@ -15,6 +15,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.jobs.stage_output import ArmResult, StageOutput
+from pipeline.config.engine_conf import DEFAULT as DEFAULT_ENGINE
 from pipeline.jobs.arms import engine_name
 from pipeline.jobs.published import comparison_lines, read_published
 from pipeline.jobs.trust import run_trust
@@ -103,6 +104,6 @@ def conclude(runs: Any, cfg: DictConfig, part: str, path: Path, status: str, out
 def published_lines(cfg: DictConfig, arms: list[ArmResult]) -> list[str]:
     """This job beside the published answer for its pair: greedy runs of speclab's loop only (the published
     answer is of that engine, and sampled runs generate other text)."""
-    if engine_name(cfg) != "speclab" or bool(OmegaConf.select(cfg, "sampling.do_sample")):
+    if engine_name(cfg) != DEFAULT_ENGINE or bool(OmegaConf.select(cfg, "sampling.do_sample")):
         return []
     return comparison_lines(read_published(cfg.outputs_dir), str(cfg.pair.name), arms)
