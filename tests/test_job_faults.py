@@ -59,7 +59,7 @@ def _job_script(tmp_path, patch: str, uri: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_kill_between_parquet_and_run_is_repaired_on_rerun(tmp_path, caplog):
+def test_kill_between_parquet_and_run_isrepaired_on_rerun(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger='speclab')
     cfg, uri = _tracked(tmp_path)
     # SIGKILL cannot be caught: the child dies with its Parquet written and its run still RUNNING.

@@ -131,7 +131,7 @@ def test_the_experiment_is_of_the_classic_ml_kind_new_or_existing(tmp_path):
     client.create_experiment("old")
     client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
     for name in ("new", "old", "chosen"):
-        Tracker(uri, name, True)._call(lambda c: None)
+        Tracker(uri, name, True).call(lambda c: None)
     kinds = {n: client.get_experiment_by_name(n).tags.get("mlflow.experimentKind") for n in ("new", "old", "chosen")}
     assert kinds == {"new": "custom_model_development", "old": "custom_model_development",
                      "chosen": "genai_development"}
@@ -154,7 +154,7 @@ def test_two_sweeps_started_in_the_same_second_get_names_of_their_own(tmp_path, 
     for _ in range(2):
         sweep = tracking.CreateTrackingStore(uri)
         sweep.on_multirun_start(config)
-        names.append(sweep.tracker._call(lambda c: c.get_run(sweep.parent).info.run_name))
+        names.append(sweep.tracker.call(lambda c: c.get_run(sweep.parent).info.run_name))
         sweep.tracker.end(sweep.parent, "FINISHED")
     tracking._multirun.pop("callback", None)
     assert names[0] == "sweep k=2,4 · c · 2026-01-01 12:00:00" and names[1] == f"{names[0]} #2"

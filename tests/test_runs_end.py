@@ -203,7 +203,7 @@ def test_only_runs_of_dead_processes_on_this_host_are_closed(tmp_path):
         "other_host": {**me, "speclab.host": "elsewhere", "speclab.pid": str(dead.pid)},
         "not_ours": {},
     }
-    ids = {name: tracker._call(lambda c, t=tags, n=name: c.create_run(tracker._experiment_id, run_name=n, tags=t)
+    ids = {name: tracker.call(lambda c, t=tags, n=name: c.create_run(tracker._experiment_id, run_name=n, tags=t)
                                ).info.run_id for name, tags in runs.items()}
     assert tracker.close_dead_runs() == 3
     zombie.wait()

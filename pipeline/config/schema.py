@@ -475,7 +475,7 @@ def close_matches(word: str, candidates: list[str]) -> list[str]:
 
 def did_you_mean(key: str, value: Any = None, known: list[str] | None = None) -> str:
     """`` did you mean a=1 or +sweep=speed?`` for a key the config does not have ('' when nothing is close)."""
-    shown = "VALUE" if value is None else str(value).lower() if isinstance(value, bool) else _plain(value)
+    shown = "VALUE" if value is None else str(value).lower() if isinstance(value, bool) else plain(value)
     groups = config_groups()
     hints = [f"{'+' * groups[g]}{g}={shown}" for g in close_matches(key, list(groups))] if "." not in key else []
     hints += [f"{k}={shown}" for k in close_matches(key, known or schema_keys()) if k not in groups]
@@ -512,8 +512,9 @@ def check_keys(cfg: DictConfig) -> None:
         raise ConfigError(unknown_key_line(key, value, known))
 
 
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+def plain(value: Any) -> Any:
+    """A config value as plain data (a node resolved; anything else as it is)."""
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
 def own_drafter(cfg: DictConfig) -> str | None:
@@ -535,7 +536,7 @@ def check_config(cfg: DictConfig, stages: tuple[str, ...]) -> None:
         if own is not None and key == "drafter.name" and value == own:
             continue  # a user's option file, found by Hydra (its arms' names: the engine checks them)
         if value is not _ABSENT and not ok(value):
-            raise ConfigError(f"{key}={_plain(value)!r} is not allowed: use {allowed}")
+            raise ConfigError(f"{key}={plain(value)!r} is not allowed: use {allowed}")
     parts = list(cfg.stage.parts)
     unknown = [p for p in parts if p not in stages]
     if not parts or unknown:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config.schema import CONF_DIR, LLAMA_CPP, SPECLAB, STAGE_SCHEMAS, ConfigError
+from pipeline.config.schema import CONF_DIR, LLAMA_CPP, SPECLAB, STAGE_SCHEMAS, ConfigError, plain
 from pipeline.config.settings import engine_keys
 from pipeline.engines.base import engine_conf_class
 from pipeline.jobs.arms import engine_name
@@ -76,10 +76,6 @@ def _default(stage: DictConfig, key: str) -> Any:
     return None
 
 
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
 def refuse_engine_keys(cfg: DictConfig, parts: list[str], engine: str, skipped: tuple[str, ...] = ()) -> None:
     """Refuse a stage key only ``engine`` reads, set off its default where a part of the job reads it."""
     stage = cfg.stage
@@ -87,7 +83,7 @@ def refuse_engine_keys(cfg: DictConfig, parts: list[str], engine: str, skipped: 
         if key not in stage or key in skipped or not any(key in STAGE_SCHEMAS[p].__dataclass_fields__
                                                          for p in parts if p in STAGE_SCHEMAS):
             continue
-        value = _plain(stage[key])
+        value = plain(stage[key])
         if _set(value) and value != _default(stage, key):
             shown = str(value).lower() if isinstance(value, bool) else value
             raise ConfigError(f"stage.{key}={shown} {WHY.get(key, SPECLAB_LOOP)}")

@@ -86,7 +86,7 @@ def end_runs_of_dead_workers() -> int:
     sweep = _multirun.get("callback")
     if sweep is None or sweep.tracker is None or not sweep.tracker.enabled:
         return 0
-    sweep.tracker._repaired = False  # once per tracker otherwise
+    sweep.tracker.repaired = False  # once per tracker otherwise
     return sweep.tracker.close_dead_runs()
 
 
@@ -101,7 +101,7 @@ def summary_after_failure() -> None:
     tracker, parent = (sweep.tracker, sweep.parent) if sweep is not None else (None, None)
     table, lines = multirun_summary(Path(sweep_dir), tracker, parent)
     if tracker is not None and parent is not None:
-        tracker._call(lambda c: (c.set_tag(parent, "mlflow.note.content", note_text(lines)),
+        tracker.call(lambda c: (c.set_tag(parent, "mlflow.note.content", note_text(lines)),
                                  [c.log_metric(parent, k, v) for k, v in sweep_metrics(table).items()]))
 
 

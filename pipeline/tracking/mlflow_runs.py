@@ -47,7 +47,7 @@ _said: set[str] = set()  # URIs whose outage was already reported by this proces
 MULTIRUN_DOWN = "found unreachable when the multirun started"  # how tracking_problem's why begins in a multirun
 log = logging.getLogger("speclab")
 # MLflow logs a database error as a traceback on its own stderr handler (an interrupt inside a sqlite commit, a
-# locked or full store) before raising it; Tracker._call says the outage once, in one line, instead.
+# locked or full store) before raising it; Tracker.call says the outage once, in one line, instead.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
@@ -209,7 +209,7 @@ class Tracker:
     _client: Any = None
     _experiment_id: str | None = None
     _open: set[str] = field(default_factory=set)  # ids of the runs this process opened and has not ended
-    _repaired: bool = False  # the RUNNING runs of dead processes were closed (once per tracker)
+    repaired: bool = False  # the RUNNING runs of dead processes were closed (once per tracker)
     _creating: bool = False  # a run is being created (an interrupt there leaves one whose id this process lacks)
 
     def __getstate__(self) -> dict:
@@ -227,7 +227,7 @@ class Tracker:
                 enabled = False
         return cls(uri, str(cfg.mlflow.experiment), enabled)
 
-    def _call(self, fn, *args, **kwargs) -> Any:
+    def call(self, fn, *args, **kwargs) -> Any:
         """One MLflow call; a failure turns tracking off for the rest of the process instead of raising."""
         if not self.enabled or _down.get(self.uri):
             return None
@@ -258,7 +258,7 @@ class Tracker:
                 if not token:
                     return runs
 
-        return self._call(search) or []
+        return self.call(search) or []
 
     def unique_name(self, name: str) -> str:
         """``name``, or ``name #2`` (#3...) when a sweep run of the experiment already has it: two sweeps started
@@ -276,12 +276,12 @@ class Tracker:
     def close_dead_runs(self) -> int:
         """Mark KILLED every RUNNING run (stage, job, sweep or arm, anyone's) whose process on this host is
         gone: killed by a signal it could not catch, out of memory, or cut off from the store. Once per tracker."""
-        if self._repaired:
+        if self.repaired:
             return 0
-        self._repaired = True
+        self.repaired = True
         dead = [run.info.run_id for run in self._search({}, "RUNNING") if process_dead(run.data.tags)]
         for run_id in dead:
-            self._call(lambda c, rid=run_id: c.set_terminated(rid, "KILLED"))
+            self.call(lambda c, rid=run_id: c.set_terminated(rid, "KILLED"))
         if dead:
             log.info(f"MLflow: {len(dead)} run(s) left RUNNING by processes that died are now KILLED")
         return len(dead)
@@ -315,7 +315,7 @@ class Tracker:
                if r.info.run_id != run_id and r.data.tags.get("mlflow.parentRunId") != run_id
                and r.data.tags.get("superseded") != "true"]
         for rid in old:
-            self._call(lambda c, r=rid: (c.set_tag(r, "superseded", "true"), c.set_tag(r, "superseded_by", run_id)))
+            self.call(lambda c, r=rid: (c.set_tag(r, "superseded", "true"), c.set_tag(r, "superseded_by", run_id)))
         return len(old)
 
     def start(self, name: str, identity: dict[str, str], tags: dict[str, str], params: dict[str, Any],
@@ -333,7 +333,7 @@ class Tracker:
             return run.info.run_id
 
         self._creating = True  # stays True when an interrupt lands before the id comes back
-        run_id = self._call(create)
+        run_id = self.call(create)
         self._creating = False
         if run_id:
             self._open.add(run_id)
@@ -369,7 +369,7 @@ class Tracker:
             c.set_terminated(run_id, "FINISHED")
             return True
 
-        done = bool(self._call(log))
+        done = bool(self.call(log))
         if done:
             self._open.discard(run_id)
             if link and (url := self.run_link(run_id)):
@@ -413,7 +413,7 @@ class Tracker:
     def end(self, run_id: str | None, status: str) -> None:
         """Close a run that did not finish (FAILED, KILLED): never leave it RUNNING."""
         if run_id is not None and run_id in self._open:
-            self._call(lambda c: c.set_terminated(run_id, status))
+            self.call(lambda c: c.set_terminated(run_id, status))
             self._open.discard(run_id)
 
 
