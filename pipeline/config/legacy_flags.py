@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pipeline.config.overrides import hydra_value
 from pipeline.config.schema import CONF_DIR, ConfigError
 from store.extend import override_key
-from store.legacy_arms import ACCEPTANCE_KEYS, FLAGS, PEER_MODES, RECORDED, dialect, merged_flags
+from store.legacy_arms import ACCEPTANCE_KEYS, FLAGS, PEER_MODES, RECORDED, dialect, effective_arms, merged_flags
 
 FLAG_KEYS = tuple(f"stage.{k}" for k in {**FLAGS, **ACCEPTANCE_KEYS})
 LEGACY_FLAGS_ENV = "SPECLAB_LEGACY_FLAGS"  # a command line's flags, for its jobs (also in launcher subprocesses)
@@ -66,7 +66,7 @@ def translated(overrides: list[str], compose: Callable[[list[str]], DictConfig])
     drafter, policy = str(cfg.drafter.name), str(cfg.k_policy.name)
     named = merged_flags(stage, drafter, policy)
     kept = [o for o in overrides if o not in legacy and override_key(o) != "stage.arms"]
-    return [*kept, f"stage.arms={hydra_value(d.to_arms(named, drafter, policy))}"], named
+    return [*kept, f"stage.arms={hydra_value(effective_arms(stage, drafter, policy))}"], named
 
 
 def with_flags(cfg: DictConfig, flags: dict[str, Any]) -> DictConfig:

@@ -44,7 +44,9 @@ def arm_list(cfg: DictConfig) -> list[dict[str, Any]]:
     preset (stage=plan's: speclab's drafters) stands for the engine's own defaults under another engine."""
     arms = OmegaConf.select(cfg, "stage.arms")
     plain = OmegaConf.to_container(arms, resolve=True) if arms is not None else None
-    if plain is None or (engine_name(cfg) != DEFAULT_ENGINE and [_given(e) for e in plain] == stage_preset(str(cfg.stage.name))):
+    preset = engine_name(cfg) != DEFAULT_ENGINE and plain is not None and \
+        [_given(e) for e in plain] == stage_preset(str(cfg.stage.name))
+    if plain is None or preset:
         return engine_default_arms(cfg)
     return [_given(e) for e in plain]
 
