@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from speclab.specs.arms import PEER_METHODS, ArmEntry
+from speclab.specs.arms import PEER_METHODS, ArmEntry, given_keys
 from speclab.specs.tree_shapes import parse_tree
 
 FLAGS: dict[str, Any] = {"peer": False, "peer_modes": ["matched"], "k_policies": [], "drafters": [],
@@ -56,9 +56,8 @@ def _value(e: Mapping[str, Any], key: str) -> Any:
 def normalized(arms: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Entries with every key (absent ones null), lists as lists, tree shapes as their short specs; an engine's own
     keys only where set."""
-    defaults = {f.name: f.default for f in fields(ArmEntry)}
     return [{**{k: _value(e, k) for k in ENTRY_KEYS},
-             **{k: e[k] for k in ENGINE_ENTRY_KEYS if e.get(k, defaults[k]) != defaults[k]}} for e in arms]
+             **{k: v for k, v in given_keys(e).items() if k in ENGINE_ENTRY_KEYS}} for e in arms]
 
 
 def arms_from_flags(flags: Mapping[str, Any], drafter: str, policy: str) -> list[dict[str, Any]]:
@@ -175,7 +174,7 @@ def identity_stage(stage: Mapping[str, Any], drafter: str, policy: str) -> dict[
 
 def llama_entry(e: Mapping[str, Any]) -> dict[str, Any]:
     """An entry as llama.cpp's ``engine.arms`` wrote it: only the keys set."""
-    return {k: e[k] for k in LLAMA_KEYS if e.get(k) not in (None, False)}
+    return {k: v for k, v in given_keys(e).items() if k in LLAMA_KEYS}
 
 
 def hashed_arms(engine: str, arms: Sequence[Mapping[str, Any]],

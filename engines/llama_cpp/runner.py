@@ -186,11 +186,10 @@ class LlamaRunner(Engine):
         return ctx
 
     def k_max(self, cfg: DictConfig) -> int:
-        from pipeline.jobs.arms import arm_entry, arm_list
+        from pipeline.jobs.arms import stage_entries
         from pipeline.jobs.context import stage_ks
         ks = stage_ks(cfg)
-        entries = [arm_entry(e) for e in arm_list(cfg)] if "arms" in cfg.stage else []
-        return max([int(cfg.k), *ks, *(a.k or 0 for a in expand_arms(entries, ks))])
+        return max([int(cfg.k), *ks, *(a.k or 0 for a in expand_arms(stage_entries(cfg), ks))])
 
     def weights(self, cfg: DictConfig) -> str:
         return self._weights

@@ -16,9 +16,9 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from pipeline.config.schema import DRAFTERS, K_POLICIES, LLAMA_CPP, ConfigError, options, own_drafter
+from pipeline.config.schema import K_POLICIES, LLAMA_CPP, ConfigError
 from pipeline.engines.option_checks import refuse_engine_keys
-from pipeline.config.strategy_config import drafter_class, drafter_conf
+from pipeline.config.strategy_config import drafter_class, drafter_conf, drafter_options
 from pipeline.jobs.context import StageContext, job_k_max, own_context
 from pipeline.jobs.arms import stage_entries
 from pipeline.jobs.inputs import find_best_fixed
@@ -351,8 +351,7 @@ class SpeclabRunner(Engine):
     def check(cls, cfg: DictConfig, parts: list[str]) -> None:
         refuse_engine_keys(cfg, parts, LLAMA_CPP)  # llama.cpp's own keys (stage.tie_nats)
         for e in stage_entries(cfg):
-            check_entry(e, [*options("drafter", DRAFTERS), *filter(None, [own_drafter(cfg)])], list(K_POLICIES),
-                        "speed" in parts)
+            check_entry(e, drafter_options(cfg), list(K_POLICIES), "speed" in parts)
 
     def context(self, cfg: DictConfig, prompts) -> StageContext:
         ctx = own_context(cfg, prompts)

@@ -40,11 +40,17 @@ def drafter_class(conf: DictConfig) -> type:
     return get_class(str(conf._target_))
 
 
+def drafter_options(cfg: DictConfig) -> list[str]:
+    """The drafter options a job's arms may name: conf/drafter/'s and the job's own (a user's option file found
+    anywhere on Hydra's search path)."""
+    return list(dict.fromkeys([*options("drafter", DRAFTERS), str(cfg.drafter.name)]))
+
+
 def declare_drafters(cfg: DictConfig, names: Iterable[str]) -> None:
     """Each drafter option among ``names`` (the job's own and its arms'; an engine's own drafter names and trees are
     no options) says what its class declares (speclab.specs.arms.declare_drafter): whether it runs the draft model
     (its constructor takes one) and whether it looks up n-grams every iteration."""
-    known = [*options("drafter", DRAFTERS), str(cfg.drafter.name)]
+    known = drafter_options(cfg)
     for name in dict.fromkeys([str(cfg.drafter.name), *map(str, names)]):
         if name not in known or is_tree(name):
             continue

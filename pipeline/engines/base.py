@@ -28,13 +28,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from pipeline.config.engine_conf import DEFAULT
 from pipeline.config.schema import ENGINES as ENGINE_CONFS
 from speclab.measures.step_costs import PassTiming
 from speclab.specs.arms import Arm
 
-DEFAULT_ENGINE = "speclab"  # the engine of a config composed without the engine group, and of rows written before it
+DEFAULT_ENGINE = DEFAULT  # the engine of a config composed without the engine group, and of rows written before it
 # Each engine's class by the name its rows carry (``engine`` column): how a summary of stored rows asks what the
 # engine that wrote them counted. Read from the engine group's schema (its ``_target_`` default): declared once there.
 ENGINES = {name: conf._target_ for name, conf in ENGINE_CONFS.items()}
@@ -251,19 +252,10 @@ def engine_class(name: str | None) -> type[Engine]:
     return getattr(importlib.import_module(module), cls)
 
 
-def engine_conf_class(cfg: DictConfig) -> type[Engine]:
-    """The class a job's ``engine._target_`` names (speclab's loop without an engine group), not instantiated."""
-    target = OmegaConf.select(cfg, "engine._target_")
-    if not target:
-        return engine_class(DEFAULT_ENGINE)
-    from hydra.utils import get_class
-    return get_class(str(target))
-
-
 def rows_engine(df) -> str:
     """The engine that wrote these rows (one per file; files written before the column: speclab's)."""
     return str(df.engine.iloc[0]) if "engine" in df and len(df) else DEFAULT_ENGINE
 
 
 __all__ = ["BLOCK_STEP_FIELDS", "DEFAULT_ENGINE", "ENGINES", "AcceptanceRun", "Engine", "RequestResult", "RunResult",
-           "StepTimes", "TimedPass", "engine_class", "engine_conf_class", "engine_of", "loop_columns", "rows_engine"]
+           "StepTimes", "TimedPass", "engine_class", "engine_of", "loop_columns", "rows_engine"]

@@ -17,8 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.schema import CONF_DIR, LLAMA_CPP, SPECLAB, STAGE_SCHEMAS, ConfigError, plain
 from pipeline.config.settings import engine_keys
-from pipeline.engines.base import engine_conf_class
-from pipeline.jobs.arms import engine_name
+from pipeline.jobs.arms import engine_name, engine_type
 
 LOOP_ONLY = {"distribution": "it draws the draft's proposals inside the loop",
              "batch": "it runs padded batches of prompts through the loop"}
@@ -49,7 +48,7 @@ SPECLAB_LOOP = ("configures speclab's own loop: under engine=llama_cpp leave it 
 def check_engine(cfg: DictConfig, parts: list[str]) -> None:
     """Refuse what the job's engine cannot run (ConfigError, one line): a stage part it does not run, then what the
     engine itself refuses."""
-    cls = engine_conf_class(cfg)
+    cls = engine_type(cfg)
     runs = cls.stage_parts
     for part in parts:
         if runs is not None and part not in runs:

@@ -3,18 +3,18 @@ every stage and every engine (null: the engine's own default arms, ``Engine.defa
 Same concept, other floors: ``engines/llama_cpp/arms.py``, ``speclab/specs/arms.py``."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config.engine_conf import DEFAULT as DEFAULT_ENGINE
+from pipeline.config.engine_conf import DEFAULT as DEFAULT_ENGINE, EngineConf
 from pipeline.config.schema import CONF_DIR, ConfigError
-from speclab.specs.arms import ArmEntry
+from speclab.specs.arms import ArmEntry, check_keys, given_keys
 
 ARM_ENTRY = f"{ArmEntry.__module__}.{ArmEntry.__qualname__}"
-DEFAULT_RUNNER = "engines.speclab.runner.SpeclabRunner"  # a config composed without the engine group
 
 
 def engine_name(cfg: DictConfig) -> str:
@@ -25,7 +25,7 @@ def engine_name(cfg: DictConfig) -> str:
 def engine_type(cfg: DictConfig) -> type:
     """The class of the job's engine, named by the config's ``engine._target_`` as Hydra instantiates it (the jobs
     import no engine: they ask the class what it declares)."""
-    return get_class(str(OmegaConf.select(cfg, "engine._target_") or DEFAULT_RUNNER))
+    return get_class(str(OmegaConf.select(cfg, "engine._target_") or EngineConf._target_))
 
 
 def engine_default_arms(cfg: DictConfig) -> list[dict[str, Any]]:
@@ -33,8 +33,10 @@ def engine_default_arms(cfg: DictConfig) -> list[dict[str, Any]]:
     return [dict(a) for a in engine_type(cfg).default_arms]
 
 
+@functools.lru_cache
 def stage_preset(stage: str) -> Any:
-    """The arms a stage's own conf file presets (conf/stage/<name>.yaml; None where it presets none)."""
+    """The arms a stage's own conf file presets (conf/stage/<name>.yaml; None where it presets none), read once: every
+    config hash asks (read-only: callers compare it)."""
     path = CONF_DIR / "stage" / f"{stage}.yaml"
     return OmegaConf.to_container(OmegaConf.load(path)).get("arms") if path.is_file() else None
 
@@ -45,25 +47,19 @@ def arm_list(cfg: DictConfig) -> list[dict[str, Any]]:
     arms = OmegaConf.select(cfg, "stage.arms")
     plain = OmegaConf.to_container(arms, resolve=True) if arms is not None else None
     preset = engine_name(cfg) != DEFAULT_ENGINE and plain is not None and \
-        [_given(e) for e in plain] == stage_preset(str(cfg.stage.name))
+        [given_keys(e) for e in plain] == stage_preset(str(cfg.stage.name))
     if plain is None or preset:
         return engine_default_arms(cfg)
-    return [_given(e) for e in plain]
-
-
-def _given(e: Any) -> dict[str, Any]:
-    """An entry's keys that are set (the schema fills the rest with their defaults)."""
-    fields = ArmEntry.__dataclass_fields__
-    return {k: v for k, v in dict(e).items() if k != "_target_" and not (k in fields and v == fields[k].default)}
+    return [given_keys(e) for e in plain]
 
 
 def arm_entry(data: dict[str, Any]) -> ArmEntry:
     """One entry built by Hydra's ``instantiate``; a bad one is a ConfigError of one line."""
-    unknown = sorted(set(data) - set(ArmEntry.__dataclass_fields__) - {"_target_"})
-    if unknown:
-        raise ConfigError(f"stage.arms entry {data} has unknown keys {unknown}: use {list(ArmEntry.__dataclass_fields__)}")
     try:
+        check_keys(data)
         return instantiate({"_target_": ARM_ENTRY, **data}, _convert_="all")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     except InstantiationException as e:
         cause = e.__cause__ or e
         raise ConfigError(f"stage.arms entry {data}: {cause}") from None

@@ -208,7 +208,7 @@ class ArmEntry:
 
     def given(self) -> dict[str, Any]:
         """The keys this entry sets (the rest at their defaults), as a user writes it."""
-        return {k: getattr(self, k) for k, f in self.__dataclass_fields__.items() if getattr(self, k) != f.default}
+        return given_keys(vars(self))
 
 
 ENTRY_METHODS = ("speculative", "recommended", "best_fixed", *PEER_METHODS.values())
@@ -225,15 +225,27 @@ class Job:
     k: int
 
 
+def given_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of an entry's data that are set: not at ``ArmEntry``'s default (an absent key is at it), nor Hydra's
+    ``_target_``."""
+    fields = ArmEntry.__dataclass_fields__
+    return {k: v for k, v in data.items() if k != "_target_" and not (k in fields and v == fields[k].default)}
+
+
+def check_keys(data: Mapping[str, Any]) -> None:
+    """A one-line ValueError for keys an entry does not have."""
+    unknown = set(data) - set(ArmEntry.__dataclass_fields__) - {"_target_"}
+    if unknown:
+        raise ValueError(f"stage.arms entry {dict(data)} has unknown keys {sorted(unknown)}: use "
+                         f"{list(ArmEntry.__dataclass_fields__)}")
+
+
 def entry(data: Mapping[str, Any] | ArmEntry) -> ArmEntry:
     """An entry from plain data (a stored record's); a one-line ValueError for a bad one. A job's config builds its
     entries with Hydra's ``instantiate`` (pipeline/jobs/arms.py), which calls the same constructor."""
     if isinstance(data, ArmEntry):
         return data
-    unknown = set(data) - set(ArmEntry.__dataclass_fields__) - {"_target_"}
-    if unknown:
-        raise ValueError(f"stage.arms entry {dict(data)} has unknown keys {sorted(unknown)}: use "
-                         f"{list(ArmEntry.__dataclass_fields__)}")
+    check_keys(data)
     return ArmEntry(**{k: v for k, v in data.items() if k != "_target_"})
 
 
