@@ -37,12 +37,31 @@ def pytest_addoption(parser):
                      help="run the tests marked qwen (the Qwen2.5-Coder pair: minutes each; make test-qwen)")
 
 
-LLAMA_MISSING = "no llama.cpp build (make llama-cpp builds it into the speclab cache)"
-LLAMA_REQUIRED = pytest.StashKey[bool]()
+# Tests that need an engine's build or environment, by marker: (what says it is there, the variable that makes its
+# absence a failure, what is missing). Without it they are skipped, or, where the variable is 1 (CI, which builds
+# and installs them first), they fail, so a broken build cannot pass as skips.
+def _llama_installed() -> bool:
+    from engines.llama_cpp.build import installed
+    return installed() is not None
+
+
+def _vllm_installed() -> bool:
+    from engines.vllm.install import installed
+    return installed() is not None
+
+
+ENGINE_MARKERS = {
+    "llama_cpp": (_llama_installed, "SPECLAB_REQUIRE_LLAMA",
+                  "no llama.cpp build (make llama-cpp builds it into the speclab cache)"),
+    "vllm": (_vllm_installed, "SPECLAB_REQUIRE_VLLM",
+             "no vLLM environment (make vllm installs it into the speclab cache)"),
+}
+LLAMA_MISSING = ENGINE_MARKERS["llama_cpp"][2]
+REQUIRED_MISSING = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(config, items):
-    _llama_cpp_items(items)
+    _engine_items(items)
     # The Qwen pair's tests load 2.4 GB of weights and decode at a few tokens a second: they run on
     # request (make test-qwen), not in make test.
     if config.getoption("--qwen"):
@@ -53,27 +72,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _llama_cpp_items(items) -> None:
-    """Tests marked llama_cpp need the build of `make llama-cpp`: without it they are skipped, or, where
-    SPECLAB_REQUIRE_LLAMA=1 (CI, which builds it first), they fail, so a broken build cannot pass as skips."""
-    marked = [item for item in items if item.get_closest_marker("llama_cpp")]
-    if not marked:
-        return
-    from engines.llama_cpp.build import installed
-
-    if installed() is not None:
-        return
-    required = os.environ.get("SPECLAB_REQUIRE_LLAMA") == "1"
-    for item in marked:
-        if required:
-            item.stash[LLAMA_REQUIRED] = True
-        else:
-            item.add_marker(pytest.mark.skip(reason=LLAMA_MISSING))
+def _engine_items(items) -> None:
+    for marker, (present, variable, missing) in ENGINE_MARKERS.items():
+        marked = [item for item in items if item.get_closest_marker(marker)]
+        if not marked or present():
+            continue
+        required = os.environ.get(variable) == "1"
+        for item in marked:
+            if required:
+                item.stash[REQUIRED_MISSING] = f"{variable}=1 and {missing}"
+            else:
+                item.add_marker(pytest.mark.skip(reason=missing))
 
 
 def pytest_runtest_setup(item):
-    if item.stash.get(LLAMA_REQUIRED, False):
-        pytest.fail(f"SPECLAB_REQUIRE_LLAMA=1 and {LLAMA_MISSING}", pytrace=False)
+    missing = item.stash.get(REQUIRED_MISSING, "")
+    if missing:
+        pytest.fail(missing, pytrace=False)
 
 
 @pytest.fixture(scope="session")

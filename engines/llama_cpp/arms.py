@@ -6,7 +6,7 @@ its draft-model type ``draft-simple``; ``ngram-simple``, ``ngram-map-k``, ``ngra
 length for the n-gram types; 0: llama.cpp's default) and ``k_policy`` its other settings as ``name=value``
 pairs (``n_min=2,p_min=0.8``), ``fixed`` when there are none, ``library_default`` for llama.cpp's defaults.
 Torch-free.
-Same concept, other floors: ``pipeline/jobs/arms.py``, ``speclab/specs/arms.py``.
+Same concept, other floors: ``pipeline/jobs/arms.py``, ``speclab/specs/arms.py``; other engines: ``engines/<name>/arms.py``.
 """
 from __future__ import annotations
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.config.engine_conf import EngineConf
+from pipeline.config.engine_conf import EngineConf, ServerEngineConf
 from pipeline.config.settings import same_as, setting
-from pipeline.config.value_checks import MAX_THREADS, int_at_least, int_in, number_in
+from pipeline.config.value_checks import MAX_THREADS, int_at_least, int_in
 
 
 @dataclass
-class LlamaCppEngineConf(EngineConf):
+class LlamaCppEngineConf(ServerEngineConf):
     """llama.cpp's llama-server (engines/llama_cpp/): one server per configuration, on 127.0.0.1."""
     _target_: str = same_as(EngineConf, "_target_", "engines.llama_cpp.runner.LlamaRunner")
     name: str = same_as(EngineConf, "name", "llama_cpp")
@@ -20,12 +20,6 @@ class LlamaCppEngineConf(EngineConf):
     ctx_size: int = setting(2048, int_at_least(64), doc="the server's context (-c): prompt + new tokens + drafts")
     cache_prompt: bool = setting(False, doc="false: every request prefills its prompt (as speclab's loop); true: "
                                             "the server reuses a cached common prefix")
-    port: int = setting(0, int_in(0, 65535, "0 (a free port per server) or a port number <= 65535"),
-                        doc="0: each server on a free port; N: servers on N, N+1, ...")
-    startup_timeout_s: float = setting(180.0, number_in(0, float("inf"), lo_open=True), doc="wait for /health")
-    draft_model: str = setting("", doc="the draft GGUF (a model name or a path); empty: the pair's draft where it "
-                                       "is a GGUF model, else the target's own file (a copy)")
-    extra_args: list[str] = setting([], doc="more llama-server options, added to every server")
 
 
 CONF = LlamaCppEngineConf

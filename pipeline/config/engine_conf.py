@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config.settings import setting
+from pipeline.config.value_checks import int_in, number_in
 
 ENGINES_DIR = Path(__file__).resolve().parents[2] / "engines"
 DEFAULT = "speclab"  # the engine of a config composed without the engine group, and of rows written before it
@@ -19,6 +20,20 @@ class EngineConf:
     _target_: str = setting("engines.speclab.runner.SpeclabRunner", neutral="engines.speclab.runner.SpeclabRunner",
                             doc="the runner class (engines/<name>/runner.py), built by Hydra's instantiate")
     name: str = setting(DEFAULT, neutral=DEFAULT, doc="the engine that runs the arms (conf/engine/, engines/)")
+
+
+@dataclass
+class ServerEngineConf(EngineConf):
+    """What every engine that runs its configurations as local servers declares (llama.cpp, vLLM): where they listen,
+    how long they may take to start, the draft model they run, more options for every server."""
+    port: int = setting(0, int_in(0, 65535, "0 (a free port per server) or a port number <= 65535"),
+                        doc="0: each server on a free port; N: servers on N, N+1, ...")
+    startup_timeout_s: float = setting(180.0, number_in(0, float("inf"), lo_open=True),
+                                       doc="wait this long for a server to answer its health check")
+    draft_model: str = setting("", doc="the draft model in the engine's own form (llama.cpp: a GGUF model name or "
+                                       ".gguf path; vLLM: a packaged model name or a Hugging Face-format folder); "
+                                       "empty: the pair's draft where the engine runs it, else a copy of the target")
+    extra_args: list[str] = setting([], doc="more server options, added to every server of the job")
 
 
 def engine_confs() -> dict[str, type]:

@@ -332,6 +332,9 @@ class DistributionStage(StageBase):
                                    doc="also test transformers' generate(assistant_model=..., do_sample=True)")
     hf_contexts: int = setting(1, int_at_least(1), doc="contexts tested that way (each costs hf_runs generate calls)")
     hf_runs: int = setting(2000, int_at_least(1))
+    engine_runs: int = setting(1000, int_at_least(1), neutral=1000,
+                               doc="an engine that samples outside speclab's loop (vLLM): requests per context and "
+                                   "configuration through its own speculative sampling")
 
 
 @dataclass

@@ -105,6 +105,17 @@ class AcceptanceRun:
     prompt_len: int = 0
 
 
+@dataclass
+class SamplerDraws:
+    """The token after one context, drawn through an engine's own speculative sampling (the distribution stage's rows
+    of that engine's rule): each draw one request whose first verify step checked a proposal at that context."""
+
+    rule: str                     # the rows' rule: the engine's sampler and configuration (``vllm ngram k=4``)
+    counts: Any                   # numpy array over the vocabulary: draws of each token
+    q: Any = None                 # the proposal distribution its drafter had there (torch [V]), where known
+    requests: int = 0             # requests sent (draws kept: the ones whose earlier tokens matched the context)
+
+
 def by_position(counts: list[int] | None) -> str:
     """Counts per draft position as the rows' comma-separated column ('' where the engine does not count them)."""
     return ",".join(str(int(c)) for c in counts) if counts else ""
@@ -207,6 +218,12 @@ class Engine:
                 ids = ctx.inputs[prompt.id]
                 yield AcceptanceRun(prompt, arm.columns(), self.request(ctx, arm, ids, gen), prompt_len=ids.shape[1])
 
+    def sampler_draws(self, ctx, context, runs: int, sampling, seed: int) -> list[SamplerDraws]:
+        """The token after ``context`` (speclab.measures.contexts.Context) drawn about ``runs`` times through the
+        engine's own speculative sampling, per speculative configuration (the distribution stage tests each against
+        the target's distribution). Empty: the engine samples through speclab's rules, which the stage draws."""
+        return []
+
     def top_probs(self, ids: list[int], n_probs: int, batch: int = 0) -> list[tuple[int, float]] | None:
         """The target's top-``n_probs`` probabilities of the token after ``ids`` (best first), from one pass over its
         last ``batch`` tokens after the rest cached (0: one pass over all); None where the engine cannot give them."""
@@ -258,4 +275,4 @@ def rows_engine(df) -> str:
 
 
 __all__ = ["BLOCK_STEP_FIELDS", "DEFAULT_ENGINE", "ENGINES", "AcceptanceRun", "Engine", "RequestResult", "RunResult",
-           "StepTimes", "TimedPass", "engine_class", "engine_of", "loop_columns", "rows_engine"]
+           "SamplerDraws", "StepTimes", "TimedPass", "engine_class", "engine_of", "loop_columns", "rows_engine"]

@@ -1,6 +1,6 @@
 """The arms a job runs: ``stage.arms``, each entry built by Hydra's ``instantiate`` into speclab's ``ArmEntry``, for
 every stage and every engine (null: the engine's own default arms, ``Engine.default_arms``).
-Same concept, other floors: ``engines/llama_cpp/arms.py``, ``speclab/specs/arms.py``."""
+Same concept, other floors: each engine's ``engines/<name>/arms.py``, ``speclab/specs/arms.py``."""
 from __future__ import annotations
 
 import functools

@@ -10,7 +10,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from pipeline.jobs.context import StageContext
-from pipeline.engines.base import RequestResult, engine_class, engine_of, rows_engine
+from pipeline.engines.base import RequestResult, by_position, engine_class, engine_of, rows_engine
 from pipeline.stages.plan_sample import grow_sample, grows
 from store.records import make_schema
 from pipeline.jobs.stage_output import ArmResult, StageOutput, by_kind, single_arm_metrics
@@ -37,6 +37,9 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     # A tree configuration (stage.trees, drafter tree:<spec>; k and proposed: its depth): the nodes its target
     # pass checked, and the mean width of its draft model's calls after the first (a chain's: 1).
     ("tree_nodes", "float64"), ("draft_call_width", "float64"),
+    # An engine counted per request: its accepted proposals per draft position, comma-separated ('' where the
+    # engine does not count them; a loop's rows count them per iteration: accepted).
+    ("accepted_by_depth", "string"),
 ])
 
 
@@ -95,16 +98,31 @@ def request_row(r: RequestResult, prompt_len: int) -> dict:
     return {"iteration": 0, "proposed": r.drafted, "accepted": r.accepted, "bonus": False, "new_tokens": len(r.tokens),
             "length": prompt_len + len(r.tokens), "draft_fed": 0, "draft_calls": r.iterations, "draft_s": nan,
             "verify_s": nan, "rollback_s": nan, "total_s": r.decode_s, "prefill_s": r.prompt_s, "wall_s": r.wall_s,
-            "with_prompt": False, "replayed": False, "replay_agrees": nan, "tree_nodes": 0.0, "draft_call_width": nan}
+            "with_prompt": False, "replayed": False, "replay_agrees": nan, "tree_nodes": 0.0, "draft_call_width": nan,
+            "accepted_by_depth": by_position(r.accepted_per_pos)}
 
 
 def describe(cfg: DictConfig) -> str:
     return run_name(cfg, "acceptance", [ks_label(stage_ks(cfg, "acceptance_ks"))])
 
 
+def depth_counts(rows: pd.DataFrame) -> list[int]:
+    """Accepted proposals per draft position summed over an engine's request rows (empty where it does not count
+    them)."""
+    if "accepted_by_depth" not in rows:
+        return []
+    out: list[int] = []
+    for text in rows.accepted_by_depth.fillna(""):
+        for i, c in enumerate(int(x) for x in str(text).split(",") if x != ""):
+            out += [0] * (i + 1 - len(out))
+            out[i] += c
+    return out
+
+
 def engine_summarize(df: pd.DataFrame) -> StageOutput:
-    """An engine's per-request rows (one per request, ``Engine.counts_iterations`` false): alpha = accepted / drafted per configuration and kind, and
-    the tokens per target pass; per-position acceptance is not counted by the engine."""
+    """An engine's per-request rows (one per request, ``Engine.counts_iterations`` false): alpha = accepted / drafted
+    per configuration and kind, the tokens per target pass, and where the engine counts them the accepted per draft
+    position (``accept_pos<i>``: position i accepted given position i - 1 was, from i = 1)."""
     arms, summary = [], []
     for (k, drafter, policy), conf in df.groupby(["k", "drafter", "k_policy"], sort=True):
         first = conf.iloc[0]
@@ -117,12 +135,17 @@ def engine_summarize(df: pd.DataFrame) -> StageOutput:
                  "top_k": int(first.top_k), "top_p": float(first.top_p)},
                 {"alpha": proposal_efficiency(sub), "proposal_efficiency": proposal_efficiency(sub),
                  "tokens_per_pass": passes_rate(sub, "new_tokens"), "drafted_per_pass": passes_rate(sub, "proposed"),
-                 "iterations": int(sub.draft_calls.sum()), "requests": len(sub), "prompts": sub.prompt_id.nunique()}))
+                 "iterations": int(sub.draft_calls.sum()), "requests": len(sub), "prompts": sub.prompt_id.nunique(),
+                 **{f"accept_pos{i}": c / prev if prev else float("nan")
+                    for i, (prev, c) in enumerate(zip(depth_counts(sub), depth_counts(sub)[1:]), start=1)}}))
         pooled = arms[-1].metrics
         summary.append(f"{first.engine} {label}: alpha {pooled['alpha']:.3f} (accepted/drafted, "
                        f"{int(conf.accepted.sum())}/{int(conf.proposed.sum())}); {pooled['drafted_per_pass']:.2f} "
                        f"drafted and {pooled['tokens_per_pass']:.2f} tokens per target pass, {len(conf)} requests")
         summary += kind_lines(conf, proposal_efficiency)
+        depths = depth_counts(conf)
+        if depths:
+            summary.append("  accepted by draft position: " + ", ".join(f"{i}: {c}" for i, c in enumerate(depths)))
     metrics = {"alpha_all_k": proposal_efficiency(df), "iterations": int(df.draft_calls.sum()), "requests": len(df),
                **single_arm_metrics([a for a in arms if a.params["kind"] == "all"] or arms)}
     return StageOutput(df, metrics, summary, arms)

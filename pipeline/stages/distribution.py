@@ -23,6 +23,7 @@ from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, identity
 from pipeline.jobs.run_names import run_name
 from pipeline.jobs.context import sampling_config
+from pipeline.engines.base import engine_of
 from pipeline.config.stage_options import unused_note
 from speclab.decoding.acceptance import SAMPLING_RULES, first_token_draws, rule_output_distribution
 from speclab.measures.contexts import Context, max_tv_contexts, prompt_context
@@ -93,6 +94,7 @@ def run(ctx: StageContext) -> StageOutput:
                      "rejected": res.pvalue < level})
 
     hf_done = 0
+    engine = engine_of(ctx)
     for prompt in tqdm(ctx.prompts, desc="distribution", leave=False):
         for c in contexts_for(ctx, ctx.inputs[prompt.id], sampling):
             power = power_against_wrong_rules(c, n, level, sims, top)
@@ -109,6 +111,13 @@ def run(ctx: StageContext) -> StageOutput:
                 record(prompt, c, 0, HF_RULE, hf_first_tokens(ctx, c, runs, sampling, int(cfg.seed)),
                        min(hf_power.values()))
                 hf_done += 1
+            # an engine's own speculative sampler (one that samples outside speclab's loop): its draws against p,
+            # with the power its own proposals give the wrong rules at that many draws
+            for d in engine.sampler_draws(ctx, c, int(st.engine_runs), sampling, int(cfg.seed)):
+                at = dataclasses.replace(c, q=d.q) if d.q is not None else c
+                drawn = int(d.counts.sum())
+                record(prompt, at, 0, d.rule, d.counts, min(power_against_wrong_rules(at, drawn, level, sims,
+                                                                                        top).values()))
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
 
@@ -124,9 +133,14 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
     n = int(st.draws)
     metrics, summary, arms = {}, [], []
     powered = df[~df.no_power]
-    for rule in [*SAMPLING_RULES, HF_RULE]:
+    engines = [r for r in dict.fromkeys(df.rule) if r not in (*SAMPLING_RULES, HF_RULE)]
+    for rule in [*SAMPLING_RULES, HF_RULE, *engines]:
         sub = powered[powered.rule == rule]
         if not len(sub):
+            if rule in engines:  # an engine's sampler where no context had power: said, not dropped
+                every = df[df.rule == rule]
+                summary.append(f"  rule {rule:22s} rejected at p<{level} in {int(every.rejected.sum())} of "
+                               f"{len(every)} tests, none with power (its proposals agree with the target there)")
             continue
         arms.append(ArmResult(f"rule {rule}", {"rule": rule, "contexts": str(st.contexts)},
                               {"rejection_rate": sub.rejected.mean(), "mean_power": sub.power.mean(),

@@ -223,6 +223,14 @@ def _is_variant(draft: str) -> bool:
     return draft in DRAFT_VARIANTS[:-1] or draft.startswith("layers:")
 
 
+def packaged_folder(name: str) -> Path:
+    """The Hugging Face-format folder (config.json, safetensors, tokenizer) of a packaged model, converted from its
+    GGUF when missing: what an engine that loads such folders runs (vLLM)."""
+    if name not in PACKAGED_GGUF and name not in PARTED_GGUF:
+        raise ValueError(f"model {name!r} is not a packaged model: use one of {sorted([*PACKAGED_GGUF, *PARTED_GGUF])}")
+    return _safetensors_cache(name)
+
+
 def model_source(name: str, role: str = "model") -> tuple[str, str]:
     """Where ``name`` comes from, decided without loading anything: (kind, what to load).
 

@@ -8,7 +8,7 @@ an entry that names several ks is several arms. Plain decoding is every job's ba
 Torch-free: the pipeline builds and runs arms from this, the analysis reads stored rows back into them
 (``Arm.from_row``) and names them with the same labels. Adding a kind of arm is one ``METHODS`` entry (or
 one field of ``ArmEntry``) here and its test.
-Same concept, other floors: ``pipeline/jobs/arms.py``, ``engines/llama_cpp/arms.py``.
+Same concept, other floors: ``pipeline/jobs/arms.py``, each engine's ``engines/<name>/arms.py``.
 """
 from __future__ import annotations
 
