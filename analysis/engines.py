@@ -1,12 +1,12 @@
-"""Across engines: the same pair in speclab's loop and in llama.cpp, each engine priced by its own timed costs.
+"""Across engines: the same pair in speclab's loop, llama.cpp and vLLM, each engine priced by its own timed costs.
 
     python -m analysis.engines     (reads outputs/campaigns/<engines_campaign>/ speed and timing results; writes
                                     outputs/analysis/engines/{summary,predictions,transfer}.parquet and .csv,
                                     outputs/analysis/engines/section.md, outputs/metrics/detail/engines.json)
 
 Per pair, engine and kind (``summary``): plain decoding's tokens/s (median of the plain runs), the best greedy
-configuration (the highest median speed-up over the adjacent plain run, as in analysis.answer; for llama.cpp
-also the llama-server flags a user pastes), its 95% distribution-free interval and its acceptance (accepted / drafted,
+configuration (the highest median speed-up over the adjacent plain run, as in analysis.answer; for llama.cpp and
+vLLM also the server option a user pastes: llama-server's flags, vLLM's --speculative-config), its 95% distribution-free interval and its acceptance (accepted / drafted,
 pooled over its runs).
 
 Per configuration (``predictions``): the speed-up each run's own counters predict at its own job's timed costs
@@ -45,6 +45,7 @@ from speclab.specs.arms import NONE, PLAN, Arm, drafter_runs_model
 from speclab.costs.engine_plan import Overheads, engine_costs, fit_overheads, predict_requests, speed_requests
 from speclab.costs.engine_time import EngineCosts, iid_speedup, predicted_speedups
 from engines.llama_cpp.arms import ENGINE as LLAMA, pasted_flags
+from engines.vllm.arms import ENGINE as VLLM, pasted_config
 from speclab.specs.tree_shapes import is_tree
 from store.files import atomic_write_text
 
@@ -95,9 +96,9 @@ def priceable(spec: pd.DataFrame) -> pd.Series:
 
 
 def runs_model(engine: str, drafter: str) -> bool:
-    """Whether the drafter pays a draft model's step per proposal (llama.cpp: its ``model`` type; speclab: the
-    draft model and hybrid); n-gram drafters draft for free."""
-    return drafter == "model" if engine == LLAMA else drafter_runs_model(drafter)
+    """Whether the drafter pays a draft model's step per proposal (llama.cpp and vLLM: their ``model`` type;
+    speclab: the draft model and hybrid); n-gram drafters draft for free."""
+    return drafter_runs_model(drafter) if engine == SPECLAB else drafter == "model"
 
 
 def _mean_of(rows: pd.DataFrame, name: str) -> float:
@@ -247,12 +248,16 @@ def predictions(spec: pd.DataFrame, costs: dict[tuple[str, str], EngineCosts | N
 
 
 def flags_of(row: pd.Series) -> str:
-    """The llama-server flags of a llama.cpp configuration (its draft named by file when the rows name a .gguf)."""
-    if row.engine != LLAMA:
-        return ""
-    arm = Arm("speculative", int(row.k) or None, str(row.k_policy), str(row.drafter), LLAMA)
+    """What a user pastes into their server command for this configuration: llama-server's flags (its draft named
+    by file when the rows name a .gguf), vLLM's --speculative-config (its draft named as the rows name it); speclab's
+    loop: nothing."""
+    arm = Arm("speculative", int(row.k) or None, str(row.k_policy), str(row.drafter), str(row.engine))
     draft = str(row.draft)
-    return pasted_flags(arm, Path(draft).name if draft.endswith(".gguf") else "DRAFT.gguf")
+    if row.engine == LLAMA:
+        return pasted_flags(arm, Path(draft).name if draft.endswith(".gguf") else "DRAFT.gguf")
+    if row.engine == VLLM:
+        return pasted_config(arm, draft.removesuffix(" (copy)"))
+    return ""
 
 
 def summary(speed: pd.DataFrame, spec: pd.DataFrame, preds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
@@ -347,8 +352,8 @@ def _with_interval(lo: float, hi: float, verdict: str) -> str:
 
 
 def not_measured(campaign: str) -> str:
-    return (f"Not measured: campaign **{campaign}** holds no greedy speed runs. Run one pair in both engines: "
-            f"`make qwen llama-cpp && python -m pipeline.run +sweep=engines campaign={campaign}`, "
+    return (f"Not measured: campaign **{campaign}** holds no greedy speed runs. Run one pair in every engine: "
+            f"`make qwen llama-cpp vllm && python -m pipeline.run +sweep=engines campaign={campaign}`, "
             "then `dvc repro`.")
 
 
@@ -407,7 +412,7 @@ def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> s
 
 
 def markdown(tables: dict[str, pd.DataFrame], campaign: str) -> str:
-    s = [f"## Across engines: speclab's loop and llama.cpp (campaign {campaign})\n"]
+    s = [f"## Across engines: speclab's loop, llama.cpp and vLLM (campaign {campaign})\n"]
     sm, preds, tr = tables["summary"], tables["predictions"], tables["transfer"]
     if sm.empty:
         return "\n".join(s + [not_measured(campaign), ""])
@@ -415,8 +420,8 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str) -> str:
           "interval); alpha = accepted / drafted, pooled over runs. Predicted (speclab.costs.engine_time): each run's own "
           "counters at its job's timed costs, passes = n - accepted, each a target pass over drafted-per-pass + 1 "
           "tokens plus drafted-per-pass draft steps (none for n-gram types), against n target steps; median over "
-          "runs; llama.cpp's runs as its plan prices them (speclab.costs.engine_plan: plus the per-pass and per-drafted-token "
-          "overheads calibrated on the campaign's llama.cpp acceptance requests). `predicted_iid`: the chapter's i.i.d. form at the same costs (alpha = accepted / checked). error = "
+          "runs; llama.cpp's and vLLM's runs as their plans price them (speclab.costs.engine_plan: plus the per-pass and "
+          "per-drafted-token overheads calibrated on the campaign's acceptance requests of that engine). `predicted_iid`: the chapter's i.i.d. form at the same costs (alpha = accepted / checked). error = "
           "predicted - measured.\n",
           "**Per pair, kind and engine: the best configuration**\n",
           markdown_table(sm.assign(engine=sm.engine.map(engine_name)), ".2f"), ""]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,9 +71,10 @@ class Offline:
         self.script.close()
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_CPU_KVCACHE_SPACE")}
         env.update(VLLM_CPU_OMP_THREADS_BIND="auto", VLLM_NO_USAGE_STATS="1")
+        # in a session of its own: close() ends its engine-core and worker processes with it
         self.proc = subprocess.Popen([str(installed()), self.script.name, str(packaged_folder(name)), dtype,
                                       str(KV_GIB)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env)
+                                     stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
         while True:
             line = self.proc.stdout.readline()
             if not line:
@@ -88,7 +90,12 @@ class Offline:
 
     def close(self) -> None:
         self.proc.stdin.close()
-        self.proc.terminate()
+        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(wait_s if self.proc.poll() is None else 1)
         self.proc.wait()
         os.unlink(self.script.name)
 

@@ -21,7 +21,7 @@ BOOT = {"samples": 200, "seed": 0, "level": 0.95}
 # Timed costs of each engine's job: target step, draft step, the target's pass over k + 1 = 3 tokens
 SPECLAB_COSTS = {"target_step": 0.010, "draft_step": 0.002, "verify": 0.012}
 LLAMA_COSTS = {"target_step": 0.004, "draft_step": 0.003, "verify": 0.006}
-PROMPT = {"speclab": 0.10, "llama_cpp": 0.04}  # each engine's plain run reading the prompt
+PROMPT = {"speclab": 0.10, "llama_cpp": 0.04, "vllm": 0.05}  # each engine's plain run reading the prompt
 
 
 def prompt_time(engine: str, arm: str, drafter: str) -> float:
@@ -175,6 +175,33 @@ def test_transfer_prices_one_engines_acceptance_with_the_others_costs(tables):
     assert "**llama.cpp**" in line and "**speclab**" in line and "`--spec-type ngram-simple`" in line
     assert "code " in line
     assert "speclab's acceptance priced with llama.cpp's timed costs" in text
+
+
+def three_engines() -> pd.DataFrame:
+    """hand_made's two engines and vLLM: its draft model and n-gram lookup at k = 2, counted per request."""
+    rows = []
+    for i, prompt in enumerate(["a", "b", "c"]):
+        rows.append(row("vllm", "plain", 1.0, prompt, tps=80.0))
+        rows.append(row("vllm", "speculative", [1.60, 1.70, 1.65][i], prompt, k=2, drafter="model", policy="fixed",
+                        drafted=40, accepted=36))
+        rows.append(row("vllm", "speculative", [1.10, 1.20, 1.15][i], prompt, k=2, drafter="ngram", policy="fixed",
+                        drafted=10, accepted=6))
+    return pd.concat([hand_made(), pd.DataFrame(rows).assign(draft="qwen2.5-coder-0.5b")], ignore_index=True)
+
+
+def test_a_third_engine_sits_beside_the_others_with_the_config_a_user_pastes():
+    tables = compute(three_engines(), pd.DataFrame(), BOOT)
+    best = tables["summary"].set_index(["engine", "kind"]).loc[("vllm", "code")]
+    assert best.best == "draft model k=2" and best.speedup == pytest.approx(1.65)
+    assert best.pasted_flags == ("--speculative-config '{\"method\": \"draft_model\", \"num_speculative_tokens\": 2, "
+                                 "\"model\": \"qwen2.5-coder-0.5b\"}'")
+    assert best.plain_tokens_per_s == pytest.approx(80.0) and best.alpha == pytest.approx(0.9)
+    tr = tables["transfer"]
+    directions = set(zip(tr[tr.kind == "code"].acceptance_of, tr[tr.kind == "code"].costs_of))
+    assert directions == {(a, b) for a in ("speclab", "llama_cpp", "vllm") for b in ("speclab", "llama_cpp", "vllm")
+                          if a != b}
+    line = next(ln for ln in first_screen(tables, "eng", "x").splitlines() if ln.startswith("- p: "))
+    assert "**vLLM**" in line and "**llama.cpp**" in line and "**speclab**" in line and "--speculative-config" in line
 
 
 def test_the_first_screen_names_the_configuration_both_engines_ran_pooled_over_kinds():

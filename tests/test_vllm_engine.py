@@ -168,6 +168,9 @@ def test_the_cause_is_read_from_the_log(tmp_path):
     server.log_path.write_text(LOG)
     assert server.why().startswith("the KV cache does not fit in engine.kv_cache_gib=1 GiB")
     assert "vLLM said: ValueError: To serve at least one request" in server.why()
+    server.log_path.write_text("RuntimeError: Worker failed with error 'Available memory on node 0 (0.96/23.54 GiB) on kv "
+                               "cache allocation is less than requested memory for kv (1.0 GiB).'\n")
+    assert server.why().startswith("the machine has too little free memory for engine.kv_cache_gib=1 GiB")
     server.log_path.write_text("pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
                                "  Value error, --per-request-spec-decode-metrics requires speculative decoding "
                                "[type=value_error, input_value=...]\n")

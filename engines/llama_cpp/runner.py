@@ -18,33 +18,30 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config.schema import SPECLAB, ConfigError
-from pipeline.config.stage_options import chosen
-from pipeline.engines.option_checks import LOOP_ONLY, PLAN_PRESETS, refuse_engine_keys
-from pipeline.engines.base import Engine, RequestResult, RunResult, StepTimes, TimedPass, loop_columns
-from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm, ArmEntry
+from pipeline.config.schema import SPECLAB
+from pipeline.engines.option_checks import (LOOP_ONLY, PLAN_PRESETS, check_request_entry, refuse_engine_keys,
+                                            refuse_loop_groups)
+from pipeline.engines.base import RequestResult
+from pipeline.engines.server_engine import ServerEngine
+from speclab.specs.arms import PLAIN, RECOMMENDED, Arm, ArmEntry
 from engines.llama_cpp import arms as llama_arms
 from engines.llama_cpp.client import (EngineRun, LlamaCppEngine, LlamaSettings, check_cached, gguf_type,
                                        sampling_payload, top_probs as position_probs)
-from speclab.measures.step_costs import pass_timing
 from speclab.models.gguf_header import read_metadata
 from store.layout import STAGES
 
 log = logging.getLogger("speclab")
-EXTENSION_TOKENS = 16  # the tokens a timed pass may add after the prompt (k + 1 <= 16)
 RUNS_ON_LLAMA = tuple(part for part in STAGES if part not in LOOP_ONLY)
+
+
+ARMS_TEXT = "llama.cpp's drafter: model or an n-gram type, ks, settings, default"
 
 
 def check_options(cfg: DictConfig, parts: list[str]) -> None:
     """Refuse what llama.cpp cannot run (ConfigError, one line): speclab's own drafters, k policies, arms, trees,
     prefill timing and tie_ulps (its stage parts are ``LlamaRunner.stage_parts``, checked before)."""
     from pipeline.jobs.arms import stage_entries
-    for group, text in chosen(cfg).items():
-        if group in ("drafter", "k_policy"):
-            default = "drafter=model" if group == "drafter" else "k_policy=fixed"
-            raise ConfigError(f"{text} is speclab's own {group.replace('_', ' ')}: under engine=llama_cpp the job "
-                              f"keeps {default} and llama.cpp's configurations are stage.arms entries "
-                              "(drafter: model or an n-gram type, ks, settings, default)")
+    refuse_loop_groups(cfg, "llama_cpp", ARMS_TEXT)
     for e in stage_entries(cfg):
         check_entry(e)
     refuse_engine_keys(cfg, parts, SPECLAB, PLAN_PRESETS if "plan" in parts else ())
@@ -52,18 +49,8 @@ def check_options(cfg: DictConfig, parts: list[str]) -> None:
 
 def check_entry(e: ArmEntry) -> None:
     """An arm entry llama.cpp runs: its speculative types and their settings, or the plan's choice (one line)."""
-    shown = e.given()
-    if e.method not in ("speculative", "recommended"):
-        raise ConfigError(f"stage.arms entry {shown}: method {e.method} is speclab's; under engine=llama_cpp an entry "
-                          "is speculative (llama.cpp's drafter, ks, settings, default) or {method: recommended}")
-    if e.k_policy is not None or e.tree is not None:
-        key = "k_policy" if e.k_policy is not None else "tree"
-        raise ConfigError(f"stage.arms entry {shown}: {key} is speclab's; llama.cpp drafts chains at ks or its own "
-                          "settings (e.g. {drafter: model, ks: [4], settings: {p_min: 0.8}})")
-    try:
-        llama_arms.check_settings(str(e.drafter or "model"), e.settings)
-    except ValueError as err:
-        raise ConfigError(f"stage.arms entry {shown}: {err}") from None
+    check_request_entry(e, "llama_cpp", ARMS_TEXT, "llama.cpp drafts chains at ks or its own settings (e.g. "
+                        "{drafter: model, ks: [4], settings: {p_min: 0.8}})", llama_arms.check_settings)
 
 
 def find_binary(binary: str) -> str:
@@ -124,19 +111,13 @@ def expand_arms(entries: list[ArmEntry], ks: list[int]) -> list[Arm]:
     return list(dict.fromkeys(out))
 
 
-def breakdown(run: EngineRun | RequestResult, spec: bool) -> dict[str, Any]:
-    """The speed row's loop columns from what the server counts (``loop_columns``): acceptance = accepted / drafted;
-    iterations = target passes after the prompt; llama.cpp does not time its iterations' parts (NaN)."""
-    return loop_columns(run, spec)
-
-
 def result_of(run: EngineRun, probs: bool) -> RequestResult:
     """A server's answer as the seam's request result (no per-position counts: the server does not report them)."""
     return RequestResult(run.tokens, run.wall_s, run.prompt_s, run.decode_s, drafted=run.drafted,
                          accepted=run.accepted, top_probs=run.top_probs if probs else None)
 
 
-class LlamaRunner(Engine):
+class LlamaRunner(ServerEngine):
     name = "llama_cpp"
     stage_parts = RUNS_ON_LLAMA
     default_arms = ({}, {"drafter": "ngram-simple", "default": True})  # its draft model at stage.ks, n-gram lookup
@@ -144,14 +125,11 @@ class LlamaRunner(Engine):
     def __init__(self, name: str = "llama_cpp", binary: str = "", threads: int = 2, ctx_size: int = 2048,
                  cache_prompt: bool = False, port: int = 0, startup_timeout_s: float = 180.0, draft_model: str = "",
                  extra_args: list[str] | None = None) -> None:
+        super().__init__()
         self.name = name
         self.settings = dict(binary=binary, threads=int(threads), ctx_size=int(ctx_size), cache_prompt=bool(cache_prompt),
                              port=int(port), startup_timeout_s=float(startup_timeout_s),
                              extra_args=tuple(str(a) for a in (extra_args or ())))
-        self.engine: LlamaCppEngine | None = None
-        self.draft_label = ""
-        self._weights = ""
-        self._extension: dict[str, list[int]] = {}
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def context(self, cfg: DictConfig, prompts):
@@ -185,18 +163,6 @@ class LlamaRunner(Engine):
                                        "cache_prompt": settings.cache_prompt, "extra_args": list(settings.extra_args)}
         return ctx
 
-    def k_max(self, cfg: DictConfig) -> int:
-        from pipeline.jobs.arms import stage_entries
-        from pipeline.jobs.context import stage_ks
-        ks = stage_ks(cfg)
-        return max([int(cfg.k), *ks, *(a.k or 0 for a in expand_arms(stage_entries(cfg), ks))])
-
-    def weights(self, cfg: DictConfig) -> str:
-        return self._weights
-
-    def draft_name(self, cfg: DictConfig) -> str:
-        return self.draft_label
-
     def compute_threads(self) -> int | None:
         return self.settings.get("threads") or None  # the servers' (-t)
 
@@ -209,20 +175,18 @@ class LlamaRunner(Engine):
         """The flags a user adds to their llama-server command."""
         return llama_arms.pasted_flags(arm)
 
-    # -- the speed stage's questions ------------------------------------------------------------------------------
-    def arms(self, ctx, ks: list[int]) -> list[Arm]:
-        """``stage.arms`` (null: ``default_arms``), the plan's choice last where an entry asks for it."""
-        from pipeline.jobs.arms import stage_entries
-        arms = expand_arms(stage_entries(ctx.cfg), ks)
-        return [a for a in arms if a != RECOMMENDED] + [a for a in arms if a == RECOMMENDED]
+    @classmethod
+    def expand(cls, entries: list[ArmEntry], ks: list[int]) -> list[Arm]:
+        return expand_arms(entries, ks)
 
+    # -- the speed stage's questions ------------------------------------------------------------------------------
     def warm_arms(self, arms: list[Arm]) -> list[Arm]:
         return list(arms)  # each configuration is a server of its own: every one starts and answers once
 
     def sampling(self, cfg: DictConfig, gen: torch.Generator | None) -> dict[str, Any]:
         s = cfg.sampling
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen)) if gen is not None and s.do_sample else 0
-        return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p), seed)
+        return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p),
+                                self.seed(cfg, gen))
 
     def request(self, ctx, arm: Arm, ids: torch.Tensor, gen=None, n_probs: int = 0,
                 greedy: bool = False) -> RequestResult:
@@ -233,20 +197,6 @@ class LlamaRunner(Engine):
     def speculative_arm(self, ctx, k: int) -> Arm:
         """The draft model's configuration at k (divergence compares it with the plain server)."""
         return llama_arms.arm("model", k)
-
-    def run(self, ctx, arm: Arm, ids: torch.Tensor, gen) -> RunResult:
-        if arm.drafter == NONE and arm.method != "plain":
-            arm = PLAIN  # a plan that recommends not speculating: the plain server answers
-        r = self.request(ctx, arm, ids, gen)
-        return RunResult(r.tokens, r.wall_s, r.prompt_s, breakdown(r, arm.method != "plain"))
-
-    def extension(self, ctx, ids: torch.Tensor, key: str, n: int = EXTENSION_TOKENS) -> list[int]:
-        """``n`` tokens that follow the prompt (the plain greedy answer, padded with the prompt's own tokens)."""
-        if key not in self._extension or len(self._extension[key]) < n:
-            toks = self.engine.generate(PLAIN, ids[0].tolist(), n).tokens
-            pad = ids[0].tolist()
-            self._extension[key] = (toks + pad * (n // max(len(pad), 1) + 1))[:n]
-        return self._extension[key][:n]
 
     def top_probs(self, ids: list[int], n_probs: int, batch: int = 0) -> list[tuple[int, float]]:
         """The target's own top-``n_probs`` probabilities (full softmax, best first) of the token after ``ids``,
@@ -276,34 +226,13 @@ class LlamaRunner(Engine):
                         f"{role}_layers": int(layers) if layers is not None else None})
         return out
 
-    def time_passes(self, ctx, prompt_id: str, ids: torch.Tensor) -> list[TimedPass]:
-        """The target's and the draft's pass over m new tokens after the prompt (plus ``context_extra`` more tokens),
-        each the server's processing of a cached context extended by m tokens (the plain answer's tokens)."""
-        st = ctx.cfg.stage
-        lengths, extras = [int(n) for n in st.pass_lengths], [int(e) for e in st.context_extra]
-        limit = int(self.settings["ctx_size"])
-        n = ids.shape[1]
-        if n + max(extras) + max(lengths) > limit:
-            raise ValueError(f"stage.context_extra={max(extras)} with pass_lengths up to {max(lengths)} after prompt "
-                             f"{prompt_id} ({n} tokens) exceeds llama.cpp's context of {limit} tokens: raise "
-                             "engine.ctx_size or lower stage.context_extra")
-        ext = self.extension(ctx, ids, prompt_id, max(extras) + max(lengths))
-        out = []
-        for role in ("target", "draft"):
-            mem = self.memory(ctx)
-            for e in extras:
-                times = self.engine.pass_times(ids[0].tolist() + ext[:e], ext[e:], lengths, int(st.repeats),
-                                               int(st.warmup), role)
-                out += [TimedPass(n + e, role, pass_timing(m, times[m]), mem) for m in lengths]
-        return out
+    def context_limit(self) -> tuple[int, str]:
+        return int(self.settings["ctx_size"]), "llama.cpp's context, engine.ctx_size,"
 
-    def step_times(self, ctx, ks: list[int], progress: str | None = None) -> StepTimes:
-        st = ctx.cfg.stage
-        p = ctx.prompts[0].id
-        ids = ctx.inputs[p]
-        return StepTimes(*self.engine.step_costs(ids[0].tolist(), self.extension(ctx, ids, p),
-                                                 [k for k in ks if k < EXTENSION_TOKENS],
-                                                 int(st.timing_repeats), int(st.timing_warmup)))
+    def timed_passes(self, ids: list[int], extension: list[int], lengths: list[int], repeats: int, warmup: int,
+                     role: str) -> tuple[int, dict[int, list[float]]]:
+        """The server's processing of the cached context extended by m tokens (client.py ``pass_times``)."""
+        return len(ids), self.engine.pass_times(ids, extension, lengths, repeats, warmup, role)
 
     def block_step_times(self, ctx, ids: torch.Tensor) -> dict[str, float]:
         repeats = int(ctx.cfg.stage.block_timing_repeats)
@@ -312,17 +241,3 @@ class LlamaRunner(Engine):
         t, d, _ = self.engine.step_costs(ids[0].tolist(), self.extension(ctx, ids, str(ids.shape[1])), [], repeats, 1)
         return {"block_target_step_s": t, "block_draft_step_s": d}
 
-    def memory(self, ctx) -> dict:
-        import psutil
-        rss = 0
-        for pid in self.engine.server_pids() if self.engine else []:
-            try:
-                rss += psutil.Process(pid).memory_info().rss
-            except psutil.Error:
-                pass
-        return {"param_devices": "cpu", "rss_bytes": rss, "device_free_bytes": -1, "memory_trusted": True,
-                "memory_reason": ""}
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()

@@ -141,10 +141,13 @@ class VllmEngine:
         return (r.top_probs or [[]])[0]
 
     def draws_after(self, arm: Arm, prefix: list[int], last: int, runs: int, sampling: dict[str, Any],
-                    seed: int, workers: int = 4) -> tuple[dict[int, int], set[int], int]:
-        """The token after ``prefix + [last]`` sampled through ``arm``'s speculative server: requests of two tokens
-        after ``prefix`` (seeds ``seed``, ``seed + 1``, ...), kept where the first token came out as ``last`` and the
-        first verify step checked a proposal there, until ``runs`` are kept or ``20 * runs`` sent. Returns the kept
+                    seed: int, workers: int = 8) -> tuple[dict[int, int], set[int], int]:
+        """The token after ``prefix + [last]`` sampled through ``arm``'s speculative server: requests of three tokens
+        after ``prefix`` (the second is the draw; a third keeps the verify step that made it whole: vLLM counts no
+        proposal accepted in a step cut by max_tokens) (seeds ``seed``, ``seed + 1``, ...), kept where the first token came out as ``last`` and the
+        first verify step checked a proposal there, until ``runs`` are kept or ``5 * runs`` sent (a context whose
+        last token the target rarely samples gives few: the stage's max_tv contexts, along the greedy text, give
+        many). Returns the kept
         second tokens' counts, the proposals seen accepted there, and the requests sent."""
         from concurrent.futures import ThreadPoolExecutor
         server = self.server(arm)
@@ -153,11 +156,11 @@ class VllmEngine:
         sent = kept = 0
 
         def one(i: int) -> dict[str, Any]:
-            return server.completion({"prompt": prefix, "max_tokens": 2, "return_token_ids": True, **sampling,
+            return server.completion({"prompt": prefix, "max_tokens": 3, "return_token_ids": True, **sampling,
                                       "seed": (seed + i) % 2**31})
 
         with ThreadPoolExecutor(workers) as pool:
-            while kept < runs and sent < 20 * runs:
+            while kept < runs and sent < 5 * runs:
                 batch = list(pool.map(one, range(sent, sent + 4 * workers)))
                 sent += len(batch)
                 for answer in batch:

@@ -26,31 +26,27 @@ from engines.vllm import arms as vllm_arms
 from engines.vllm.client import VllmEngine, VllmSettings, sampling_payload
 from engines.vllm.install import info as install_info, installed
 from pipeline.config.schema import SPECLAB, ConfigError
-from pipeline.config.stage_options import chosen
-from pipeline.engines.base import (Engine, RequestResult, RunResult, SamplerDraws, StepTimes, TimedPass,
-                                   loop_columns)
-from pipeline.engines.option_checks import LOOP_ONLY, PLAN_PRESETS, refuse_engine_keys
-from speclab.measures.step_costs import pass_timing
-from speclab.specs.arms import NONE, PLAIN, RECOMMENDED, Arm, ArmEntry
+from pipeline.engines.base import RequestResult, SamplerDraws
+from pipeline.engines.server_engine import ServerEngine
+from pipeline.engines.option_checks import (LOOP_ONLY, PLAN_PRESETS, check_request_entry, refuse_engine_keys,
+                                            refuse_loop_groups)
+from speclab.specs.arms import PLAIN, RECOMMENDED, Arm, ArmEntry
 from store.layout import STAGES
 
 log = logging.getLogger("speclab")
-EXTENSION_TOKENS = 16  # the tokens a timed pass may add after the prompt (k + 1 <= 16)
 # every part but batch (speclab's padded batches): distribution samples through vLLM's own rejection sampler
 RUNS_ON_VLLM = tuple(part for part in STAGES if part not in LOOP_ONLY or part == "distribution")
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+ARMS_TEXT = "vLLM's drafter: model or ngram, ks, settings"
 
 
 def check_options(cfg: DictConfig, parts: list[str]) -> None:
     """Refuse what vLLM cannot run (ConfigError, one line): speclab's own drafters, k policies, trees, prefill timing
     and tie_ulps, a dtype vLLM has no form of (its stage parts are ``VllmRunner.stage_parts``, checked before)."""
     from pipeline.jobs.arms import stage_entries
-    for group, text in chosen(cfg).items():
-        if group in ("drafter", "k_policy"):
-            default = "drafter=model" if group == "drafter" else "k_policy=fixed"
-            raise ConfigError(f"{text} is speclab's own {group.replace('_', ' ')}: under engine=vllm the job keeps "
-                              f"{default} and vLLM's configurations are stage.arms entries (drafter: model or ngram, "
-                              "ks, settings)")
+    refuse_loop_groups(cfg, "vllm", ARMS_TEXT)
     if str(cfg.pair.dtype) not in DTYPES:
         raise ConfigError(f"pair.dtype={cfg.pair.dtype} has no vLLM form: use one of {list(DTYPES)}")
     for e in stage_entries(cfg):
@@ -60,22 +56,11 @@ def check_options(cfg: DictConfig, parts: list[str]) -> None:
 
 def check_entry(e: ArmEntry) -> None:
     """An arm entry vLLM runs: its speculative methods and their settings at ks, or the plan's choice (one line)."""
-    shown = e.given()
-    if e.method not in ("speculative", "recommended"):
-        raise ConfigError(f"stage.arms entry {shown}: method {e.method} is speclab's; under engine=vllm an entry is "
-                          "speculative (vLLM's drafter, ks, settings) or {method: recommended}")
-    if e.k_policy is not None or e.tree is not None:
-        key = "k_policy" if e.k_policy is not None else "tree"
-        raise ConfigError(f"stage.arms entry {shown}: {key} is speclab's; vLLM drafts chains of "
-                          "num_speculative_tokens = each of ks (e.g. {drafter: ngram, ks: [4], settings: "
-                          "{prompt_lookup_max: 4}})")
+    check_request_entry(e, "vllm", ARMS_TEXT, "vLLM drafts chains of num_speculative_tokens = each of ks (e.g. "
+                        "{drafter: ngram, ks: [4], settings: {prompt_lookup_max: 4}})", vllm_arms.check_settings)
     if e.default:
-        raise ConfigError(f"stage.arms entry {shown}: vLLM has no default length of its own (num_speculative_tokens "
-                          "is required): give ks instead of default: true")
-    try:
-        vllm_arms.check_settings(str(e.drafter or "model"), e.settings)
-    except ValueError as err:
-        raise ConfigError(f"stage.arms entry {shown}: {err}") from None
+        raise ConfigError(f"stage.arms entry {e.given()}: vLLM has no default length of its own "
+                          "(num_speculative_tokens is required): give ks instead of default: true")
 
 
 def job_device(cfg: DictConfig) -> str:
@@ -154,7 +139,7 @@ def vllm_version(python: str) -> dict[str, str]:
                          "or leave engine.python empty after `make vllm`") from None
 
 
-class VllmRunner(Engine):
+class VllmRunner(ServerEngine):
     name = "vllm"
     stage_parts = RUNS_ON_VLLM
     default_arms = ({}, {"drafter": "ngram"})  # its draft model and prompt lookup, each at stage.ks
@@ -163,15 +148,12 @@ class VllmRunner(Engine):
                  kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, max_model_len: int = 2048,
                  max_num_seqs: int = 8, port: int = 0, startup_timeout_s: float = 300.0, draft_model: str = "",
                  extra_args: list[str] | None = None) -> None:
+        super().__init__()
         self.name = name
         self.settings = dict(python=python, eager=bool(eager), threads_bind=str(threads_bind),
                              kv_cache_gib=float(kv_cache_gib), gpu_memory_utilization=float(gpu_memory_utilization),
                              max_model_len=int(max_model_len), max_num_seqs=int(max_num_seqs), port=int(port),
                              startup_timeout_s=float(startup_timeout_s), extra_args=tuple(str(a) for a in extra_args or ()))
-        self.engine: VllmEngine | None = None
-        self.draft_label = ""
-        self._weights = ""
-        self._extension: dict[str, list[int]] = {}
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def context(self, cfg: DictConfig, prompts):
@@ -217,24 +199,13 @@ class VllmRunner(Engine):
                                        "extra_args": list(settings.extra_args)}
         return ctx
 
-    def k_max(self, cfg: DictConfig) -> int:
-        from pipeline.jobs.arms import stage_entries
-        from pipeline.jobs.context import stage_ks
-        ks = stage_ks(cfg)
-        return max([int(cfg.k), *ks, *(a.k or 0 for a in expand_arms(stage_entries(cfg), ks))])
-
-    def weights(self, cfg: DictConfig) -> str:
-        return self._weights
-
-    def draft_name(self, cfg: DictConfig) -> str:
-        return self.draft_label
-
     def compute_threads(self) -> int | None:
-        """vLLM's CPU worker runs a thread on each core it binds (threads_bind auto: every core), and its engine-core
-        and API processes keep about one more busy: one plain server decoding alone here read a load of 2.55 after
-        75 s on 2 cores, rising."""
+        """vLLM's CPU worker runs a thread on each core it binds (threads_bind auto: every core), and while a request
+        runs its engine-core process steps without pause and its API server streams the outputs: about two more
+        busy threads. Measured here on 2 cores: one plain SmolLM2 server decoding alone, load 2.55 after 75 s and
+        rising; the Qwen pair's speed job (two servers, one request at a time, nothing else running), load 4.08."""
         import os
-        return (os.cpu_count() or 1) + 1
+        return (os.cpu_count() or 1) + 2
 
     @classmethod
     def check(cls, cfg: DictConfig, parts: list[str]) -> None:
@@ -245,17 +216,15 @@ class VllmRunner(Engine):
         """The option a user adds to their ``vllm serve`` command."""
         return vllm_arms.pasted_config(arm)
 
-    # -- the stages' questions ------------------------------------------------------------------------------------
-    def arms(self, ctx, ks: list[int]) -> list[Arm]:
-        """``stage.arms`` (null: ``default_arms``), the plan's choice last where an entry asks for it."""
-        from pipeline.jobs.arms import stage_entries
-        arms = expand_arms(stage_entries(ctx.cfg), ks)
-        return [a for a in arms if a != RECOMMENDED] + [a for a in arms if a == RECOMMENDED]
+    @classmethod
+    def expand(cls, entries: list[ArmEntry], ks: list[int]) -> list[Arm]:
+        return expand_arms(entries, ks)
 
+    # -- the stages' questions ------------------------------------------------------------------------------------
     def sampling(self, cfg: DictConfig, gen: torch.Generator | None) -> dict[str, Any]:
         s = cfg.sampling
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen)) if gen is not None and s.do_sample else 0
-        return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p), seed)
+        return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p),
+                                self.seed(cfg, gen))
 
     def request(self, ctx, arm: Arm, ids: torch.Tensor, gen=None, n_probs: int = 0,
                 greedy: bool = False) -> RequestResult:
@@ -266,18 +235,13 @@ class VllmRunner(Engine):
         """The draft model's configuration at k (divergence compares it with the plain server)."""
         return vllm_arms.arm("model", k)
 
-    def run(self, ctx, arm: Arm, ids: torch.Tensor, gen) -> RunResult:
-        if arm.drafter == NONE and arm.method != "plain":
-            arm = PLAIN  # a plan that recommends not speculating: the plain server answers
-        r = self.request(ctx, arm, ids, gen)
-        return RunResult(r.tokens, r.wall_s, r.prompt_s, loop_columns(r, arm.method != "plain"))
-
     def sampler_draws(self, ctx, context, runs: int, sampling, seed: int) -> list[SamplerDraws]:
         """The token after ``context`` drawn through vLLM's rejection sampler, for each of its speculative
         configurations at the job's k (``default_arms``): requests after the context's prefix whose first token came
         out as the context's last and whose first verify step checked a proposal there (client.py ``draws_after``).
-        The proposal distribution: a copy of the target drafts p; the pair's own draft, its q; n-gram lookup a
-        point mass on its proposal (seen where the sampler accepted it), else unknown (None)."""
+        The proposal distribution: vLLM drafts greedily with either method (its draft model's arg-max, n-gram
+        lookup's match), a point mass on its proposal, seen where the sampler accepted it (unknown, None, where it
+        never did)."""
         import numpy as np
         ids = context.ids[0].tolist()
         payload = sampling_payload(True, float(sampling.temperature), int(sampling.top_k), float(sampling.top_p), 0)
@@ -296,22 +260,11 @@ class VllmRunner(Engine):
                 if token < vocab:
                     drawn[token] += c
             q = None
-            if arm.drafter == "model":
-                q = context.p if self.draft_label.endswith("(copy)") else (
-                    context.q if self.draft_label == str(ctx.cfg.pair.draft) else None)
-            elif len(proposals) == 1:
+            if len(proposals) == 1:  # vLLM drafts greedily (both methods): its proposal there is one token
                 q = torch.zeros_like(context.p)
                 q[next(iter(proposals))] = 1.0
             out.append(SamplerDraws(f"vllm {arm.label}", drawn, q, sent))
         return out
-
-    def extension(self, ctx, ids: torch.Tensor, key: str, n: int = EXTENSION_TOKENS) -> list[int]:
-        """``n`` tokens that follow the prompt (the plain greedy answer, padded with the prompt's own tokens)."""
-        if key not in self._extension or len(self._extension[key]) < n:
-            toks = self.engine.generate(PLAIN, ids[0].tolist(), n).tokens
-            pad = ids[0].tolist()
-            self._extension[key] = (toks + pad * (n // max(len(pad), 1) + 1))[:n]
-        return self._extension[key][:n]
 
     def top_probs(self, ids: list[int], n_probs: int, batch: int = 0) -> list[tuple[int, float]]:
         """The target's own top-``n_probs`` probabilities (vLLM's raw log-probabilities: a full softmax of the
@@ -331,34 +284,13 @@ class VllmRunner(Engine):
                         f"{role}_layers": int(layers) if layers is not None else None})
         return out
 
-    def time_passes(self, ctx, prompt_id: str, ids: torch.Tensor) -> list[TimedPass]:
-        """The target's and the draft's pass over m new tokens after the prompt (plus ``context_extra`` more tokens)
-        cut to whole cache blocks (client.py ``pass_times``: the context as vLLM caches it)."""
-        st = ctx.cfg.stage
-        lengths, extras = [int(n) for n in st.pass_lengths], [int(e) for e in st.context_extra]
-        limit = int(self.settings["max_model_len"])
-        n = ids.shape[1]
-        if n + max(extras) + max(lengths) + 1 > limit:
-            raise ValueError(f"stage.context_extra={max(extras)} with pass_lengths up to {max(lengths)} after prompt "
-                             f"{prompt_id} ({n} tokens) exceeds vLLM's max_model_len of {limit} tokens: raise "
-                             "engine.max_model_len or lower stage.context_extra")
-        ext = self.extension(ctx, ids, prompt_id, max(extras) + max(lengths))
-        out = []
-        for role in ("target", "draft"):
-            mem = self.memory(ctx)
-            for e in extras:
-                context_len, times = self.engine.pass_times(ids[0].tolist() + ext[:e], ext[e:], lengths,
-                                                            int(st.repeats), int(st.warmup), role)
-                out += [TimedPass(context_len, role, pass_timing(m, times[m]), mem) for m in lengths]
-        return out
+    def context_limit(self) -> tuple[int, str]:
+        return int(self.settings["max_model_len"]) - 1, "engine.max_model_len (less the token it samples)"
 
-    def step_times(self, ctx, ks: list[int], progress: str | None = None) -> StepTimes:
-        st = ctx.cfg.stage
-        p = ctx.prompts[0].id
-        ids = ctx.inputs[p]
-        return StepTimes(*self.engine.step_costs(ids[0].tolist(), self.extension(ctx, ids, p),
-                                                 [k for k in ks if k < EXTENSION_TOKENS],
-                                                 int(st.timing_repeats), int(st.timing_warmup)))
+    def timed_passes(self, ids: list[int], extension: list[int], lengths: list[int], repeats: int, warmup: int,
+                     role: str) -> tuple[int, dict[int, list[float]]]:
+        """The context padded to whole cache blocks as vLLM caches it (client.py ``pass_times``)."""
+        return self.engine.pass_times(ids, extension, lengths, repeats, warmup, role)
 
     def block_step_times(self, ctx, ids: torch.Tensor) -> dict[str, float]:
         import statistics
@@ -370,17 +302,5 @@ class VllmRunner(Engine):
         draft = statistics.median(self.engine.decode_step_s(base, 16, repeats, "draft"))
         return {"block_target_step_s": target, "block_draft_step_s": draft}
 
-    def memory(self, ctx) -> dict:
-        import psutil
-        rss = 0
-        for pid in self.engine.server_pids() if self.engine else []:
-            try:
-                rss += psutil.Process(pid).memory_info().rss
-            except psutil.Error:
-                pass
-        return {"param_devices": job_device(ctx.cfg) if ctx is not None else "cpu", "rss_bytes": rss,
-                "device_free_bytes": -1, "memory_trusted": True, "memory_reason": ""}
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+    def device_of(self, ctx) -> str:
+        return job_device(ctx.cfg) if ctx is not None else "cpu"

@@ -21,6 +21,7 @@ SERVED_NAME = "speclab"
 # a Python exception's last line ("ValueError: ..."); the API server's "see root cause above" names no cause
 _EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\) )?([\w.]*(?:Error|Exception): .*)$")
 _VALUE_ERROR = re.compile(r"^Value error, (.*?)(?: \[type=.*)?$")  # what a pydantic ValidationError says was wrong
+_NO_ROOM = re.compile(r"Available memory on node .* is less than requested memory for kv")
 _KV_CACHE = re.compile(r"KV cache|cache blocks", re.IGNORECASE)
 _LOGGED_ERROR = re.compile(r"^(?:\(\w+ pid=\d+\) )?ERROR \S+ \S+ \[[^\]]+\] (.*)$")
 
@@ -103,6 +104,9 @@ class VllmServer(LocalServer):
     def why(self, at_start: bool = True) -> str:
         """vLLM's reason, and for a KV cache that does not fit, the setting that sizes it."""
         text = super().why(at_start)
+        if at_start and _NO_ROOM.search(text):
+            return (f"the machine has too little free memory for engine.kv_cache_gib={self.spec.kv_cache_gib:g} GiB of "
+                    f"KV cache: lower it or stop what else holds memory; vLLM said: {text}")
         if at_start and _KV_CACHE.search(text):
             return (f"the KV cache does not fit in engine.kv_cache_gib={self.spec.kv_cache_gib:g} GiB (CPU) or "
                     f"engine.gpu_memory_utilization={self.spec.gpu_memory_utilization:g} (GPU): raise it or lower "

@@ -59,6 +59,34 @@ def check_engine(cfg: DictConfig, parts: list[str]) -> None:
     cls.check(cfg, parts)
 
 
+def refuse_loop_groups(cfg: DictConfig, engine: str, arms_text: str) -> None:
+    """An engine of requests refuses speclab's own drafter and k policy groups in one line: it keeps drafter=model and
+    k_policy=fixed, and its configurations are ``stage.arms`` entries (``arms_text``: what its entries hold)."""
+    from pipeline.config.stage_options import chosen
+    for group, text in chosen(cfg).items():
+        if group in ("drafter", "k_policy"):
+            default = "drafter=model" if group == "drafter" else "k_policy=fixed"
+            raise ConfigError(f"{text} is speclab's own {group.replace('_', ' ')}: under engine={engine} the job "
+                              f"keeps {default} and its configurations are stage.arms entries ({arms_text})")
+
+
+def check_request_entry(e, engine: str, arms_text: str, example: str, check_settings) -> None:
+    """An arm entry an engine of requests runs: speculative (its drafter, ks, settings) or the plan's choice; never
+    speclab's methods, k policies or trees; its settings checked by the engine's ``check_settings(drafter,
+    settings)`` (a ValueError), each refusal one line naming the entry."""
+    shown = e.given()
+    if e.method not in ("speculative", "recommended"):
+        raise ConfigError(f"stage.arms entry {shown}: method {e.method} is speclab's; under engine={engine} an entry "
+                          f"is speculative ({arms_text}) or {{method: recommended}}")
+    if e.k_policy is not None or e.tree is not None:
+        key = "k_policy" if e.k_policy is not None else "tree"
+        raise ConfigError(f"stage.arms entry {shown}: {key} is speclab's; {example}")
+    try:
+        check_settings(str(e.drafter or "model"), e.settings)
+    except ValueError as err:
+        raise ConfigError(f"stage.arms entry {shown}: {err}") from None
+
+
 def _set(value) -> bool:
     """A flag a user set: not null, not false, not an empty list."""
     return value is not None and value is not False and value != []

@@ -45,7 +45,7 @@ METHODS = {m.name: m for m in (
 )}
 PEER_METHODS = {m.peer_mode: name for name, m in METHODS.items() if m.peer_mode}
 # Readers' names of the engines (the ``engine`` column), drafters and adaptive policies (the report's labels).
-ENGINE_NAMES = {"speclab": "speclab", "llama_cpp": "llama.cpp"}
+ENGINE_NAMES = {"speclab": "speclab", "llama_cpp": "llama.cpp", "vllm": "vLLM"}
 DRAFTER_NAMES = {"model": "draft model", "prompt_lookup": "prompt lookup", "hybrid": "hybrid"}
 POLICY_NAMES = {"cost_model": "cost-model k", "heuristic": "heuristic k"}
 # What each drafter option's class declares (speclab/decoding/drafters.py Drafter): whether it runs the pair's draft
