@@ -25,11 +25,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from analysis.common import bootstrap_ci  # noqa: E402
+from benchmarks.common import alternating_rounds, print_adjacent_ratios, stage_prompt_requests  # noqa: E402
 from store.records import write_parquet  # noqa: E402
 
 OUT = Path("outputs/benchmarks/vllm_plain.parquet")
@@ -160,15 +159,10 @@ _REQUESTS: list | None = None
 
 
 def prompt_requests(args) -> list[tuple[str, str, list[int]]]:
-    """The stage's prompts as token ids, made as the stage makes them (the target's tokenizer, raw texts)."""
+    """The stage's prompts as token ids, made once (benchmarks.common.stage_prompt_requests)."""
     global _REQUESTS
     if _REQUESTS is None:
-        from pipeline.prompts.sets import encode, load_prompts
-        from speclab.models.loading import load_tokenizer
-
-        tok = load_tokenizer(PAIRS[args.pair][0])
-        prompts = load_prompts("default.yaml", ["prose", "code", "structured"], args.per_kind)
-        _REQUESTS = [(p.id, p.kind, encode(p, tok, len(tok), "cpu")[0].tolist()) for p in prompts]
+        _REQUESTS = stage_prompt_requests(PAIRS[args.pair][0], args.per_kind)
     return _REQUESTS
 
 
@@ -179,30 +173,14 @@ def main() -> None:
     ap.add_argument("--per-kind", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
-    rows = []
     with tempfile.TemporaryDirectory() as outputs:
-        for r in range(args.rounds):
-            order = ("stage", "offline") if r % 2 == 0 else ("offline", "stage")
-            for position, arm in enumerate(order):
-                if arm == "stage":
-                    df = stage_rows(args, outputs, r)
-                    got = [{"prompt_id": p.prompt_id, "kind": p.kind, "new_tokens": int(p.new_tokens),
-                            "wall_s": float(p.wall_s), "tokens_per_s": float(p.tokens_per_s)} for p in df.itertuples()]
-                else:
-                    got = offline_rows(args, prompt_requests(args))
-                rows += [{"round": r, "arm": arm, "position": position, **g} for g in got]
-                print(f"round {r} {arm}: median {np.median([g['tokens_per_s'] for g in got]):.2f} tok/s", flush=True)
-            rows += interleaved_rows(args, prompt_requests(args), r)
+        rows = alternating_rounds(args.rounds, "offline", lambda r: stage_rows(args, outputs, r),
+                                  lambda: offline_rows(args, prompt_requests(args)),
+                                  lambda r: interleaved_rows(args, prompt_requests(args), r))
     df = pd.DataFrame(rows)
     write_parquet(df, SCHEMA, OUT)
-    wide = df.pivot_table(index=["round", "prompt_id"], columns="arm", values="tokens_per_s")
-    for a, b, what in (("stage", "offline", "whole stage job vs offline LLM.generate, adjacent within a round"),
-                       ("interleaved_engine", "interleaved_offline", "the stage's request path vs offline, per prompt")):
-        ratio = (wide[a] / wide[b]).dropna().to_numpy()
-        lo, hi = bootstrap_ci(ratio, np.median)
-        print(f"{what}: {a} {df[df.arm == a].tokens_per_s.median():.2f} tok/s, {b} "
-              f"{df[df.arm == b].tokens_per_s.median():.2f} tok/s; ratio median {np.median(ratio):.3f} "
-              f"(95% CI {lo:.3f}-{hi:.3f}, n={len(ratio)})")
+    print_adjacent_ratios(df, [("stage", "offline", "whole stage job vs offline LLM.generate, adjacent within a round"),
+                                ("interleaved_engine", "interleaved_offline", "the stage's request path vs offline, per prompt")])
     print(f"rows: {OUT}")
 
 
