@@ -118,6 +118,7 @@ def result_of(run: EngineRun, probs: bool) -> RequestResult:
 
 
 class LlamaRunner(ServerEngine):
+    payload = staticmethod(sampling_payload)
     name = "llama_cpp"
     stage_parts = RUNS_ON_LLAMA
     default_arms = ({}, {"drafter": "ngram-simple", "default": True})  # its draft model at stage.ks, n-gram lookup
@@ -182,11 +183,6 @@ class LlamaRunner(ServerEngine):
     # -- the speed stage's questions ------------------------------------------------------------------------------
     def warm_arms(self, arms: list[Arm]) -> list[Arm]:
         return list(arms)  # each configuration is a server of its own: every one starts and answers once
-
-    def sampling(self, cfg: DictConfig, gen: torch.Generator | None) -> dict[str, Any]:
-        s = cfg.sampling
-        return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p),
-                                self.seed(cfg, gen))
 
     def request(self, ctx, arm: Arm, ids: torch.Tensor, gen=None, n_probs: int = 0,
                 greedy: bool = False) -> RequestResult:

@@ -140,6 +140,7 @@ def vllm_version(python: str) -> dict[str, str]:
 
 
 class VllmRunner(ServerEngine):
+    payload = staticmethod(sampling_payload)
     name = "vllm"
     stage_parts = RUNS_ON_VLLM
     default_arms = ({}, {"drafter": "ngram"})  # its draft model and prompt lookup, each at stage.ks
@@ -221,11 +222,6 @@ class VllmRunner(ServerEngine):
         return expand_arms(entries, ks)
 
     # -- the stages' questions ------------------------------------------------------------------------------------
-    def sampling(self, cfg: DictConfig, gen: torch.Generator | None) -> dict[str, Any]:
-        s = cfg.sampling
-        return sampling_payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p),
-                                self.seed(cfg, gen))
-
     def request(self, ctx, arm: Arm, ids: torch.Tensor, gen=None, n_probs: int = 0,
                 greedy: bool = False) -> RequestResult:
         sampling = sampling_payload(False, 1.0, 0, 1.0, 0) if greedy else self.sampling(ctx.cfg, gen)

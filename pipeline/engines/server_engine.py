@@ -53,9 +53,19 @@ class ServerEngine(Engine):
         return [a for a in arms if a != RECOMMENDED] + [a for a in arms if a == RECOMMENDED]
 
     @staticmethod
+    def payload(do_sample: bool, temperature: float, top_k: int, top_p: float, seed: int) -> dict[str, Any]:
+        """The engine's sampler settings for speclab's sampling config (its client's ``sampling_payload``)."""
+        raise NotImplementedError
+
+    @staticmethod
     def seed(cfg: DictConfig, gen: torch.Generator | None) -> int:
         """A sampled request's seed, drawn from the job's generator (0 for greedy)."""
         return int(torch.randint(0, 2**31 - 1, (1,), generator=gen)) if gen is not None and cfg.sampling.do_sample else 0
+
+    def sampling(self, cfg: DictConfig, gen: torch.Generator | None) -> dict[str, Any]:
+        """A request's sampler settings: the job's sampling group, seeded from its generator."""
+        s = cfg.sampling
+        return self.payload(bool(s.do_sample), float(s.temperature), int(s.top_k), float(s.top_p), self.seed(cfg, gen))
 
     def run(self, ctx, arm: Arm, ids: torch.Tensor, gen) -> RunResult:
         if arm.drafter == NONE and arm.method != "plain":
