@@ -13,6 +13,7 @@ less what a request costs beyond its pass (the one-token request's time less the
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,13 @@ from pipeline.engines.base import RequestResult
 from pipeline.engines.local_server import ServerError
 from speclab.specs.arms import PLAIN, Arm
 
+log = logging.getLogger("speclab")
 WARM_TOKENS = 8  # a new server's first request pays one-time set-up (about 20 s on this CPU): done before timing
+# What a CPU server holds beyond its weights and its KV cache (the API server, the engine core and the worker, each
+# with torch loaded), measured here: about 2 GB for the Qwen pair's server (7-8 GB resident: 4.1 GB of bf16 weights, 1
+# GiB KV) and for SmolLM2's draft-model server (4 GB: 1.1 GB of fp32 weights, 1 GiB KV).
+RUNTIME_BYTES = 2 * 2**30
+GPU_SHARE = 0.95  # the most of the GPU's memory the servers' gpu_memory_utilization may add up to
 
 
 @dataclass
@@ -41,6 +48,7 @@ class VllmSettings:
     max_num_seqs: int = 8
     port: int = 0
     startup_timeout_s: float = 300.0
+    cpu_expand_fix: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -98,7 +106,7 @@ class VllmEngine:
                  log_dir: str | Path | None = None) -> None:
         self.settings, self.target, self.draft = settings, str(target), str(draft) if draft else None
         self.log_dir = Path(log_dir) if log_dir else None
-        self._servers: dict[tuple, VllmServer] = {}
+        self._servers: dict[tuple, VllmServer] = {}  # in order of last use: the first is closed first for room
 
     def _spec(self, model: str, config: dict[str, Any] | None, port_offset: int) -> VllmSpec:
         s = self.settings
@@ -107,7 +115,7 @@ class VllmEngine:
                         threads_bind=s.threads_bind, kv_cache_gib=s.kv_cache_gib,
                         gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
                         extra_args=tuple(s.extra_args), port=s.port + port_offset if s.port else 0,
-                        startup_timeout_s=s.startup_timeout_s)
+                        startup_timeout_s=s.startup_timeout_s, cpu_expand_fix=s.cpu_expand_fix)
 
     def server(self, arm: Arm = PLAIN, role: str = "target") -> VllmServer:
         """The server of a configuration (``role`` draft: the draft model alone), started and warmed on first use."""
@@ -116,12 +124,42 @@ class VllmEngine:
             raise ValueError("this vLLM engine has no draft model folder")
         config = None if role == "draft" else speculative_config(arm, self.draft)
         key = (model, spec_json(config))
-        if key not in self._servers:
+        if key in self._servers:
+            self._servers[key] = self._servers.pop(key)  # the most recently used last
+        else:
+            self.make_room(model, config)
             name = "vllm-server (" + (f"speculative_config {spec_json(config)}" if config else f"{role} alone") + ")"
             server = VllmServer(self._spec(model, config, len(self._servers)), name, self.log_dir).start()
             self._servers[key] = server
             server.completion({"prompt": [0, 1, 2, 3], "max_tokens": WARM_TOKENS, "temperature": 0.0})
         return self._servers[key]
+
+    def needs_bytes(self, model: str, config: dict[str, Any] | None) -> int:
+        """A CPU server's estimated resident memory: its weights (the target's, the draft model's where it runs one),
+        its KV cache and the runtime (``RUNTIME_BYTES``)."""
+        folders = [model] + ([str(config["model"])] if config and config.get("model") else [])
+        weights = sum(f.stat().st_size for folder in folders for f in Path(folder).glob("*.safetensors"))
+        return weights + int(self.settings.kv_cache_gib * 2**30) + RUNTIME_BYTES
+
+    def make_room(self, model: str, config: dict[str, Any] | None) -> None:
+        """Close the least recently used servers until a new one fits: in the host's available memory on CPU, in
+        ``GPU_SHARE`` of the GPU's by their gpu_memory_utilization. A job comparing more configurations than fit at
+        once (the Qwen pair's servers take 7-8 GB each here) restarts servers as it moves between them."""
+        import psutil
+        while self._servers:
+            if self.settings.device == "cuda":
+                short = (len(self._servers) + 1) * self.settings.gpu_memory_utilization > GPU_SHARE
+                what = f"{len(self._servers) + 1} x gpu_memory_utilization {self.settings.gpu_memory_utilization:g}"
+            else:
+                need, free = self.needs_bytes(model, config), psutil.virtual_memory().available
+                short, what = need > free, f"{need / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB available"
+            if not short:
+                return
+            key, server = next(iter(self._servers.items()))
+            del self._servers[key]
+            log.info(f"vLLM: closing {server.name} to make room for another ({what})")
+            server.close()
+            time.sleep(1.0)  # the closed processes' memory returns to the host
 
     def generate(self, arm: Arm, ids: list[int], n_new: int, sampling: dict[str, Any] | None = None,
                  n_probs: int = 0) -> RequestResult:
@@ -160,7 +198,8 @@ class VllmEngine:
                                       "seed": (seed + i) % 2**31})
 
         with ThreadPoolExecutor(workers) as pool:
-            while kept < runs and sent < 5 * runs:
+            # a context where the configuration rarely proposes (n-gram lookup without a match) gives up early
+            while kept < runs and sent < 5 * runs and not (sent >= runs // 2 and kept == 0):
                 batch = list(pool.map(one, range(sent, sent + 4 * workers)))
                 sent += len(batch)
                 for answer in batch:
