@@ -134,9 +134,6 @@ class LlamaRunner(ServerEngine):
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def context(self, cfg: DictConfig, prompts):
-        from pipeline.jobs.context import StageContext
-        from pipeline.jobs.identity import config_hash
-        from pipeline.prompts.turns import PromptModels, prompt_inputs
         from engines.llama_cpp.client import gguf_vocab
         from speclab.models.gguf_header import config_from_gguf
         from speclab.models.loading import ModelPair, load_tokenizer
@@ -153,16 +150,9 @@ class LlamaRunner(ServerEngine):
         eos = tok.eos_token_id if tok is not None else None
         pair = ModelPair(None, None, tok, str(cfg.pair.target), self.draft_label, torch.device("cpu"), eos)
         limit = min(settings.ctx_size, int(config_from_gguf(target).get("max_position_embeddings") or settings.ctx_size))
-        n_new = int(cfg.max_new_tokens)
-        models = PromptModels(tok, torch.device("cpu"), gguf_vocab(target), {"target": limit, "draft": limit}, {},
-                              lambda c: self.engine.generate(PLAIN, c[0].tolist(), n_new).tokens, self._weights)
-        made = prompt_inputs(cfg, None, prompts, self.k_max(cfg), models)
-        ctx = StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record, runner=self,
-                           make_inputs=lambda more: prompt_inputs(cfg, None, more, self.k_max(cfg), models))
-        ctx.prompt_record["engine"] = {"binary": settings.binary, "target_gguf": str(target), "draft_gguf": str(draft),
-                                       "threads": settings.threads, "ctx_size": settings.ctx_size,
-                                       "cache_prompt": settings.cache_prompt, "extra_args": list(settings.extra_args)}
-        return ctx
+        return self.request_context(cfg, prompts, pair, limit, gguf_vocab(target), {
+            "binary": settings.binary, "target_gguf": str(target), "draft_gguf": str(draft), "threads": settings.threads,
+            "ctx_size": settings.ctx_size, "cache_prompt": settings.cache_prompt, "extra_args": list(settings.extra_args)})
 
     def compute_threads(self) -> int | None:
         return self.settings.get("threads") or None  # the servers' (-t)

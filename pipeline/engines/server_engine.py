@@ -34,6 +34,23 @@ class ServerEngine(Engine):
         """Plain, then the engine's arms of these entries."""
         raise NotImplementedError
 
+    def request_context(self, cfg: DictConfig, prompts, pair, limit: int, vocab: int | None, record: dict):
+        """The job's context once the engine's servers are set up: the prompts as the target's token ids (multi-turn
+        prompts answered by the plain server), ``limit`` the most tokens a prompt may reach, ``record`` the engine's
+        settings in the job's provenance."""
+        from pipeline.jobs.context import StageContext
+        from pipeline.jobs.identity import config_hash
+        from pipeline.prompts.turns import PromptModels, prompt_inputs
+
+        n_new = int(cfg.max_new_tokens)
+        models = PromptModels(pair.tokenizer, torch.device("cpu"), vocab, {"target": limit, "draft": limit}, {},
+                              lambda c: self.engine.generate(PLAIN, c[0].tolist(), n_new).tokens, self._weights)
+        made = prompt_inputs(cfg, None, prompts, self.k_max(cfg), models)
+        ctx = StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record, runner=self,
+                           make_inputs=lambda more: prompt_inputs(cfg, None, more, self.k_max(cfg), models))
+        ctx.prompt_record["engine"] = record
+        return ctx
+
     def k_max(self, cfg: DictConfig) -> int:
         from pipeline.jobs.arms import stage_entries
         from pipeline.jobs.context import stage_ks
