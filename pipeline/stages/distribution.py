@@ -60,6 +60,12 @@ def power_against_wrong_rules(c: Context, n: int, level: float, sims: int, top: 
             for rule in WRONG_RULES}
 
 
+def engine_wrong_rule(engine_rule: str, wrong: str) -> str:
+    """The rows of a wrong rule at an engine's contexts, proposals and number of draws (``<engine rule> as
+    keep_draft``): what the engine's test would say had its sampler that rule."""
+    return f"{engine_rule} as {wrong}"
+
+
 def hf_first_tokens(ctx: StageContext, c: Context, runs: int, sampling: SamplingConfig, seed: int) -> np.ndarray:
     """Counts of the first new token over ``runs`` calls of generate(assistant_model=..., do_sample=True)."""
     counts = np.zeros(c.p.shape[0], dtype=np.int64)
@@ -116,8 +122,14 @@ def run(ctx: StageContext) -> StageOutput:
             for d in engine.sampler_draws(ctx, c, int(st.engine_runs), sampling, int(cfg.seed)):
                 at = dataclasses.replace(c, q=d.q) if d.q is not None else c
                 drawn = int(d.counts.sum())
-                record(prompt, at, 0, d.rule, d.counts, min(power_against_wrong_rules(at, drawn, level, sims,
-                                                                                        top).values()))
+                power = power_against_wrong_rules(at, drawn, level, sims, top)
+                record(prompt, at, 0, d.rule, d.counts, min(power.values()))
+                if d.q is not None:  # the same test, draws and proposals, given a wrong rule's output: it must fail
+                    for rule in WRONG_RULES:
+                        g = torch.Generator(device=at.p.device).manual_seed(int(cfg.seed))
+                        draws = first_token_draws(at.p, at.q.to(at.p.device), drawn, rule, g)
+                        record(prompt, at, 0, engine_wrong_rule(d.rule, rule),
+                               np.bincount(draws.cpu().numpy(), minlength=at.p.shape[0]), power[rule])
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
 
