@@ -1,8 +1,9 @@
-"""The llama.cpp plan, checked on prompts it did not see: the time model's error and the recommendation's speed-up.
+"""A server engine's plan (llama.cpp's or vLLM's), checked on prompts it did not see: the time model's error and the
+recommendation's speed-up.
 
-Reads a campaign holding a llama.cpp plan (`+sweep=plan_llama`: timing and one request per candidate on the sample
-prompts) and its check (`+sweep=check_plan_llama`: every candidate and the plan's choice in adjacent rotated runs on
-the other prompts). No model runs here.
+Reads a campaign holding the engine's plan (`+sweep=plan_llama` / `+sweep=plan_vllm`: timing and one request per
+candidate on the sample prompts) and its check (`+sweep=check_plan_llama` / `+sweep=check_plan_vllm`: every candidate
+and the plan's choice in adjacent rotated runs on the other prompts). No model runs here.
 
 - Predictor: each check run of a candidate is priced with the costs the plan job timed (its timing rows), the
   overheads fitted on the plan's own requests (the calibration) and the run's own counters (new tokens, drafted,
@@ -16,9 +17,10 @@ the other prompts). No model runs here.
   medians with a 95% bootstrap interval that chooses the best again in every resample. ``holds``: the interval
   reaches 0, i.e. the plan is not shown slower than the best configuration one could have fixed knowing the answer.
 
-Writes outputs/benchmarks/llama_plan_predictor.parquet and llama_plan_check.parquet and prints both tables.
+Writes outputs/benchmarks/<llama|vllm>_plan_predictor.parquet and <llama|vllm>_plan_check.parquet and prints both.
 
-    python -m benchmarks.bench_llama_plan --campaign engines --pair qwen25_coder_bf16
+    python -m benchmarks.bench_engine_plan --campaign engines --pair qwen25_coder_bf16
+    python -m benchmarks.bench_engine_plan --campaign engines --engine vllm --pair smollm2_int8
 """
 from __future__ import annotations
 
@@ -32,15 +34,16 @@ from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_reque
 from store.records import read_meta
 
 OUT = Path("outputs/benchmarks")
+PREFIX = {"llama_cpp": "llama", "vllm": "vllm"}  # the output files' names per engine
 
 
-def read(campaign: Path, stage: str, pair: str) -> pd.DataFrame:
+def read(campaign: Path, stage: str, pair: str, engine: str) -> pd.DataFrame:
     files = sorted((campaign / stage).glob(f"{pair}-*.parquet"))
     if not files:
         raise SystemExit(f"no {stage} results of pair {pair} in {campaign}")
     frames = [pd.read_parquet(f).assign(finished_at=str(read_meta(f).get("finished_at", ""))) for f in files]
     df = pd.concat(frames, ignore_index=True)
-    return df[df.get("engine", "speclab") == "llama_cpp"] if "engine" in df else df.iloc[0:0]
+    return df[df.engine == engine] if "engine" in df else df.iloc[0:0]
 
 
 def predictor_table(timing: pd.DataFrame, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
@@ -102,17 +105,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--campaign", default="engines")
     ap.add_argument("--pair", default="qwen25_coder_bf16")
+    ap.add_argument("--engine", default="llama_cpp", choices=sorted(PREFIX))
     ap.add_argument("--outputs", default="outputs")
     args = ap.parse_args()
     campaign = Path(args.outputs) / "campaigns" / args.campaign
-    plan = read(campaign, "plan", args.pair)
+    plan = read(campaign, "plan", args.pair, args.engine)
     plan_hash = plan.sort_values("finished_at").config_hash.iloc[-1]
-    timing = read(campaign, "timing", args.pair)
+    timing = read(campaign, "timing", args.pair, args.engine)
     timing = timing[timing.config_hash == plan_hash]
-    acc = read(campaign, "acceptance", args.pair)
+    acc = read(campaign, "acceptance", args.pair, args.engine)
     acc = acc[acc.config_hash == plan_hash]
     plan_prompts = set(plan[plan.config_hash == plan_hash].prompt_ids.iloc[0].split(","))
-    speed = read(campaign, "speed", args.pair)
+    speed = read(campaign, "speed", args.pair, args.engine)
     plan_done = plan[plan.config_hash == plan_hash].finished_at.iloc[0]
     speed = speed[(speed.arm == "recommended").groupby(speed.config_hash).transform("any")  # the check's jobs
                   & (speed.finished_at > plan_done)]  # ... that followed this plan (older checks followed older plans)
@@ -124,8 +128,8 @@ def main() -> None:
             print(f"check job {job}: flagged {g.trust.iloc[0]}: {g.trust_detail.iloc[0]}")
     pred, check = predictor_table(timing, acc, unseen), check_table(unseen)
     OUT.mkdir(parents=True, exist_ok=True)
-    pred.to_parquet(OUT / "llama_plan_predictor.parquet", index=False)
-    check.to_parquet(OUT / "llama_plan_check.parquet", index=False)
+    pred.to_parquet(OUT / f"{PREFIX[args.engine]}_plan_predictor.parquet", index=False)
+    check.to_parquet(OUT / f"{PREFIX[args.engine]}_plan_check.parquet", index=False)
     pd.set_option("display.width", 200)
     print(f"predictor on {unseen.prompt_id.nunique()} prompts the plan did not see (costs timed on "
           f"{len(plan_prompts)} plan prompts):")
