@@ -75,16 +75,19 @@ def _depth_sum(counts: pd.Series) -> pd.Series:
 
 def with_counters(spec: pd.DataFrame) -> pd.DataFrame:
     """Speculative speed rows with each request's counters: drafted = mean_k * iterations (proposals per pass
-    times passes); accepted = the sum of speclab's accepted-by-depth counts where a row has them (its
-    acceptance_rate is accepted / checked: proposals after a rejection are never judged), else acceptance_rate *
-    drafted (llama.cpp's, which is accepted / drafted; none drafted: none accepted); checked = the sum of speclab's
-    checked-by-depth counts, else drafted (llama.cpp checks every proposal it drafted in one pass)."""
+    times passes); accepted = the sum of speclab's accepted-by-depth counts where a row has its checked-by-depth
+    counts too (its acceptance_rate is accepted / checked: proposals after a rejection are never judged), else
+    acceptance_rate * drafted (the engines', accepted / drafted from their own counters; none drafted: none
+    accepted; vLLM's accepted by position comes from its histogram of verify steps, which need not add up to its
+    request's accepted count); checked = the sum of speclab's checked-by-depth counts, else drafted (an engine checks
+    every proposal it drafted in one pass)."""
     drafted = (spec.mean_k * spec.iterations).round()
     accepted = (spec.acceptance_rate * drafted).round().where(drafted > 0, 0.0)
     checked = drafted
     if "accepted_by_depth" in spec and "checked_by_depth" in spec:
-        accepted = _depth_sum(spec.accepted_by_depth).fillna(accepted)
-        checked = _depth_sum(spec.checked_by_depth).fillna(drafted)
+        loop_checked = _depth_sum(spec.checked_by_depth)
+        accepted = _depth_sum(spec.accepted_by_depth).where(loop_checked.notna()).fillna(accepted)
+        checked = loop_checked.fillna(drafted)
     return spec.assign(drafted=drafted, accepted=accepted, checked=checked)
 
 

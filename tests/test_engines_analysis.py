@@ -259,3 +259,16 @@ def test_answer_with_an_unmeasured_engines_campaign_is_the_answer_without_it(tmp
         for a, b in zip((got.best, got.candidates, got.not_to_use, got.provenance),
                         (without.best, without.candidates, without.not_to_use, without.provenance)):
             pd.testing.assert_frame_equal(a, b)
+
+
+def test_an_engines_counters_come_from_its_own_ratio_not_its_position_histogram():
+    import pandas as pd
+    from analysis.engines import with_counters
+    rows = pd.DataFrame({
+        "mean_k": [4.0, 0.0, 2.0], "iterations": [5, 3, 4], "acceptance_rate": [0.5, float("nan"), 0.75],
+        # vLLM: by position from its histogram (may disagree with its counts); speclab: with checked-by-depth
+        "accepted_by_depth": ["6,3,1,0", "1,0", "3,2"], "checked_by_depth": ["", "", "4,3"]})
+    out = with_counters(rows)
+    assert out.drafted.tolist() == [20, 0, 8]
+    assert out.accepted.tolist() == [10, 0, 5] and (out.accepted <= out.drafted).all()
+    assert out.checked.tolist() == [20, 0, 7]
