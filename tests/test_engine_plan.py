@@ -77,3 +77,18 @@ def test_the_plan_recommends_no_speculation_where_every_candidate_loses_and_says
     assert choice_text(chosen["code"]) == "--spec-type ngram-simple"
     assert choice_text(chosen["prose"]) in ("plain decoding (no speculation)", "--spec-type ngram-simple")
     assert all(r.drafter != "model" for r in chosen.values())
+
+
+def test_speed_rows_become_requests_with_each_engines_own_accepted_count():
+    from speclab.costs.engine_plan import speed_requests
+    rows = pd.DataFrame({
+        "prompt_id": ["a", "b", "c", "d"], "kind": ["code"] * 4, "drafter": ["model"] * 4, "k": [4] * 4,
+        "k_policy": ["fixed"] * 4, "new_tokens": [48, 48, 48, 48], "prefill_s": [0.1] * 4,
+        # llama.cpp (passes = n - accepted), vLLM (passes after the prompt's: n - 1 - accepted), a vLLM request that
+        # drafted nothing, speclab's loop (its accepted / checked, with checked counted by depth)
+        "iterations": [18, 17, 47, 12], "mean_k": [4.0, 4.0, 0.0, 4.0], "acceptance_rate": [0.417, 0.441, float("nan"), 0.9],
+        "checked_by_depth": ["", "", "", "12,12,10,6"]})
+    req = speed_requests(rows)
+    assert req.proposed.tolist() == [72, 68, 0, 48]
+    assert req.accepted.tolist() == [30, 30, 0, 36]
+    assert (req.accepted <= req.proposed).all()

@@ -92,9 +92,17 @@ def predict_requests(costs: EngineCosts, acc: pd.DataFrame, overheads: Overheads
 
 def speed_requests(spec: pd.DataFrame) -> pd.DataFrame:
     """Speed rows of speculative arms as requests for ``predict_requests``: drafted = proposals per pass times
-    passes (``mean_k * iterations``), accepted = new tokens - passes, the request's own prompt time."""
+    passes (``mean_k * iterations``); accepted = new tokens - passes for speclab's loop (its rows count checked
+    proposals by depth: every pass yields one token beyond the accepted), else the engine's own ratio times drafted
+    (an engine's passes need not count the prompt's, which made the first token: vLLM's do not); the request's own
+    prompt time."""
     drafted = (spec.mean_k * spec.iterations).round().fillna(0.0)
+    accepted = (spec.new_tokens - spec.iterations).astype(float)
+    if "checked_by_depth" in spec and "acceptance_rate" in spec:
+        engine_rows = spec.checked_by_depth.fillna("").astype(str).eq("")
+        own = (spec.acceptance_rate * drafted).round().where(drafted > 0, 0.0).fillna(0.0)
+        accepted = accepted.where(~engine_rows, own)
     return pd.DataFrame({"prompt_id": spec.prompt_id.values, "kind": spec.kind.values, "drafter": spec.drafter.values,
                          "k": spec.k.values, "k_policy": spec.k_policy.values, "new_tokens": spec.new_tokens.values,
-                         "proposed": drafted.values, "accepted": (spec.new_tokens - spec.iterations).values,
+                         "proposed": drafted.values, "accepted": accepted.values,
                          "prefill_s": spec.prefill_s.values}, index=spec.index)
