@@ -55,14 +55,16 @@ class RequestResult:
     decode_s: float               # the engine's time generating after it
     drafted: int = 0              # proposals the drafter made
     accepted: int = 0             # of which the target kept
-    passes: int | None = None     # the target's passes after the prompt; None: one per token not accepted
+    passes: int | None = None     # the target's passes after the prompt's (vLLM counts these); None: one per token
+                                  # not accepted, which counts the prompt's pass that made the first token
     accepted_per_pos: list[int] | None = None  # per draft position 0, 1, ...: proposals accepted there (None: not counted)
     top_probs: list[list[tuple[int, float]]] | None = None  # per new token: (id, p), best first (None: not asked/given)
     loop: dict[str, Any] | None = None  # an engine's own loop columns of a speed row (None: ``loop_columns``)
 
     @property
     def iterations(self) -> int:
-        """Target passes after the prompt's: every pass yields one token of its own beside the accepted ones."""
+        """Target passes (``passes``, else every token not accepted: each pass yields one token of its own beside the
+        accepted ones, the prompt's pass included). Read accepted counts from ``accepted``, not from tokens - passes."""
         return self.passes if self.passes is not None else max(len(self.tokens) - self.accepted, 0)
 
 
