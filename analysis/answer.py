@@ -176,7 +176,7 @@ def not_to_use(cands: pd.DataFrame, best: pd.DataFrame, batch: pd.DataFrame | No
                batch_campaign: str | None = None) -> pd.DataFrame:
     """Where speculation loses: every candidate (greedy or sampled) whose whole interval is below 1, every
     batch size and k of the batch table (``batch``: analysis.batch's speed-ups, of ``batch_campaign``) whose
-    interval is below 1, and every pair and kind whose best is below 1 (``use plain``)."""
+    interval is below 1, and every pair and kind whose best is shown below 1 (``use plain``: its interval below 1)."""
     cols = ["campaign", "pair", "kind", "setting", "config", "speedup", "speedup_hi", "reason"]
     lose = cands[cands.speedup_hi < 1]
     rows = [lose.assign(setting=lose.sampling, reason="interval below 1")]
@@ -302,7 +302,7 @@ def _setting_order(setting: str) -> tuple:
 
 def not_to_use_lines(lose: pd.DataFrame, limit: int = 8) -> list[str]:
     """One line per campaign and pair: configurations (grouped by the kinds where they lose), batch sizes and
-    sampling settings whose interval is below 1, and kinds where even the best is below 1."""
+    sampling settings whose interval is below 1, and kinds where even the best is shown below 1 (its interval)."""
     lines = []
     for (campaign, pair), g in lose.groupby(["campaign", "pair"], sort=False):
         plain = g[g.reason == "best below 1"]
@@ -341,7 +341,7 @@ def render(ans: Answer, heading: str = "##") -> list[str]:
          "free interval, none from fewer than 6 runs; `runs` = adjacent pairs, `minutes` = their time); best - runner-up: median of the "
          "two runs' differences in the blocks both ran (95% interval, none from fewer than 6 shared blocks), else "
          "the difference of medians (each median's 97.5% interval combined, none from fewer than 7 runs each). "
-         "`speculate`: interval above 1; `unclear`: not told apart from plain; `use plain`: the best loses; "
+         "`speculate`: interval above 1; `unclear`: not told apart from plain (a median below 1 included); `use plain`: interval below 1, the best shown to lose; "
          "`too few runs (n of N)`: no interval, so no verdict, until it has N runs.\n",
          table.to_markdown(index=False, disable_numparse=True), ""]
     if len(ans.not_to_use):

@@ -205,7 +205,7 @@ def test_first_screen_matches_the_tables_below_it():
                 lo, hi = (float(v) for v in found.groups())
                 assert lo <= diff <= hi
         verdict = (f"too few runs ({top.runs} of 6)" if top.speedup_lo != top.speedup_lo else "use plain"
-                   if top.speedup < 1 else "speculate" if top.speedup_lo > 1 else "unclear")
+                   if top.speedup_hi < 1 else "speculate" if top.speedup_lo > 1 else "unclear")
         assert r.verdict == verdict
     # and the answer's numbers are the sections' own where they measure the same thing (computed apart)
     ref = _section(appendix, "## Drafters and k policies")

@@ -23,7 +23,8 @@ ARMS = [_arm("draft model k=2", "code", 1.21, 1.10, 1.30), _arm("draft model k=4
 def test_each_kind_gets_its_fastest_arm_and_verdict():
     """Per kind the highest median speed-up wins; pooled 'all' is left out when kinds exist."""
     got = {v.kind: (v.config, v.verdict) for v in kind_verdicts(ARMS)}
-    assert got == {"code": ("draft model k=4", "speculate"), "prose": ("prompt lookup k=4", "use plain"),
+    # prose: its best, 0.97 (0.90-1.05), is below 1 but not shown to lose: unclear, not use plain
+    assert got == {"code": ("draft model k=4", "speculate"), "prose": ("prompt lookup k=4", "unclear"),
                    "structured": ("draft model k=4", "too few runs (2 of 6)")}
 
 
@@ -76,3 +77,11 @@ def test_the_plans_choice_not_to_speculate_is_use_plain_whatever_its_noise():
     """Plain beside plain measures the machine's noise: an interval above 1 there is no reason to speculate."""
     [v] = kind_verdicts([_arm("plain decoding (plan)", "chat", 1.07, 1.01, 1.17)])
     assert v.verdict == "use plain"
+
+
+def test_use_plain_needs_an_interval_below_one():
+    """A best whose median is below 1 but whose interval reaches 1 is not shown to lose (issue 49)."""
+    from speclab.stats.verdict import verdict
+    assert verdict(0.97, 0.80, 1.20, 8) == "unclear"
+    assert verdict(0.97, 0.90, 0.99, 8) == "use plain"
+    assert verdict(1.05, 1.01, 1.20, 8) == "speculate"

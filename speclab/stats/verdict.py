@@ -10,12 +10,13 @@ SPECULATE, UNCLEAR, USE_PLAIN = "speculate", "unclear", "use plain"
 
 
 def verdict(speedup: float, lo: float, hi: float, runs: int | None = None, level: float = 0.95) -> str:
-    """``speculate`` (interval above 1), ``use plain`` (the best is below 1), else ``unclear`` (a tie with plain);
-    no verdict without an interval: ``too few runs (n of N)``, N the fewest runs an interval at ``level`` needs."""
+    """``speculate`` (interval above 1), ``use plain`` (interval below 1: shown to lose), else ``unclear`` (not told
+    apart from plain, a median below 1 included); no verdict without an interval: ``too few runs (n of N)``, N the
+    fewest runs an interval at ``level`` needs."""
     if lo != lo:
         have = "" if runs is None else f"{int(runs)} of "
         return f"too few runs ({have}{runs_needed(level)})"
-    if speedup < 1:
+    if hi < 1:
         return USE_PLAIN
     if lo > 1:
         return SPECULATE
