@@ -20,8 +20,9 @@ def _run(tmp_path, stage_module, *overrides):
     return pd.read_parquet(path), cfg
 
 
-def test_timing_stage(tmp_path):
+def test_timing_stage(tmp_path, capfd):
     df, _ = _run(tmp_path, timing, "stage=timing", "stage.repeats=4", "stage.warmup=1", "stage.pass_lengths=[1,3,9]")
+    assert "timing passes:   0%|" in capfd.readouterr().err  # its progress and the time left, prompt by prompt
     assert set(df.model) == {"target", "draft"} and sorted(set(df.pass_len)) == [1, 3, 9]
     assert ((df.q25_s <= df.median_s) & (df.median_s <= df.q75_s) & (df.median_s > 0)).all()
     assert (df.samples == 4).all() and df.memory_trusted.all() and (df.param_devices == "cpu").all()

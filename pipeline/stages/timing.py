@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from pipeline.jobs.context import StageContext
 from pipeline.engines.base import engine_of
@@ -43,7 +44,9 @@ def run(ctx: StageContext) -> StageOutput:
     engine = engine_of(ctx)
     sizes = engine.model_sizes(ctx)
     rows = []
-    for prompt in timed_prompts(ctx):
+    # a prompt's passes take minutes in a server engine (a plan's timing part ran 17 minutes here): its progress and
+    # the time left, as the other stages show theirs
+    for prompt in tqdm(timed_prompts(ctx), desc="timing passes", unit="prompt", leave=False):
         ctx.load.sample()  # between prompts: the machine's load while the passes are timed
         for p in engine.time_passes(ctx, prompt.id, ctx.inputs[prompt.id]):
             t = p.timing
