@@ -52,6 +52,11 @@ class VllmSettings:
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
+def weight_bytes(folder: str | Path) -> int:
+    """The bytes of a Hugging Face-format folder's safetensors files: the weights a server loads from it."""
+    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+
+
 def sampling_payload(do_sample: bool, temperature: float, top_k: int, top_p: float, seed: int) -> dict[str, Any]:
     """vLLM's sampler settings for speclab's sampling config; its other samplers off (their neutral values)."""
     if not do_sample:
@@ -138,20 +143,20 @@ class VllmEngine:
         """A CPU server's estimated resident memory: its weights (the target's, the draft model's where it runs one),
         its KV cache and the runtime (``RUNTIME_BYTES``)."""
         folders = [model] + ([str(config["model"])] if config and config.get("model") else [])
-        weights = sum(f.stat().st_size for folder in folders for f in Path(folder).glob("*.safetensors"))
-        return weights + int(self.settings.kv_cache_gib * 2**30) + RUNTIME_BYTES
+        return sum(weight_bytes(f) for f in folders) + int(self.settings.kv_cache_gib * 2**30) + RUNTIME_BYTES
 
     def make_room(self, model: str, config: dict[str, Any] | None) -> None:
         """Close the least recently used servers until a new one fits: in the host's available memory on CPU, in
         ``GPU_SHARE`` of the GPU's by their gpu_memory_utilization. A job comparing more configurations than fit at
         once (the Qwen pair's servers take 7-8 GB each here) restarts servers as it moves between them."""
         import psutil
+        need = self.needs_bytes(model, config) if self.settings.device != "cuda" else 0
         while self._servers:
             if self.settings.device == "cuda":
                 short = (len(self._servers) + 1) * self.settings.gpu_memory_utilization > GPU_SHARE
                 what = f"{len(self._servers) + 1} x gpu_memory_utilization {self.settings.gpu_memory_utilization:g}"
             else:
-                need, free = self.needs_bytes(model, config), psutil.virtual_memory().available
+                free = psutil.virtual_memory().available
                 short, what = need > free, f"{need / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB available"
             if not short:
                 return
@@ -181,12 +186,12 @@ class VllmEngine:
     def draws_after(self, arm: Arm, prefix: list[int], last: int, runs: int, sampling: dict[str, Any],
                     seed: int, workers: int = 8) -> tuple[dict[int, int], set[int], int]:
         """The token after ``prefix + [last]`` sampled through ``arm``'s speculative server: requests of three tokens
-        after ``prefix`` (the second is the draw; a third keeps the verify step that made it whole: vLLM counts no
-        proposal accepted in a step cut by max_tokens) (seeds ``seed``, ``seed + 1``, ...), kept where the first token came out as ``last`` and the
-        first verify step checked a proposal there, until ``runs`` are kept or ``5 * runs`` sent (a context whose
-        last token the target rarely samples gives few: the stage's max_tv contexts, along the greedy text, give
-        many). Returns the kept
-        second tokens' counts, the proposals seen accepted there, and the requests sent."""
+        after ``prefix`` with seeds ``seed``, ``seed + 1``, ... (the second token is the draw; the third keeps the
+        verify step that made it whole: vLLM counts no proposal accepted in a step cut by max_tokens), kept where the
+        first token came out as ``last`` and the first verify step checked a proposal there, until ``runs`` are kept
+        or ``5 * runs`` sent (a context whose last token the target rarely samples gives few: the stage's max_tv
+        contexts, along the greedy text, give many). Returns the kept second tokens' counts, the proposals seen
+        accepted there, and the requests sent."""
         from concurrent.futures import ThreadPoolExecutor
         server = self.server(arm)
         counts: dict[int, int] = {}

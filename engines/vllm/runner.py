@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from engines.vllm import arms as vllm_arms
-from engines.vllm.client import VllmEngine, VllmSettings, sampling_payload
+from engines.vllm.client import VllmEngine, VllmSettings, sampling_payload, weight_bytes
 from engines.vllm.install import info as install_info, installed
 from pipeline.config.schema import SPECLAB, ConfigError
 from pipeline.engines.base import RequestResult, SamplerDraws
@@ -266,7 +266,7 @@ class VllmRunner(ServerEngine):
             config = json.loads((Path(folder) / "config.json").read_text())
             layers = config.get("num_hidden_layers")
             out.update({f"{role}_params": None,
-                        f"{role}_bytes": sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")),
+                        f"{role}_bytes": weight_bytes(folder),
                         f"{role}_layers": int(layers) if layers is not None else None})
         return out
 
