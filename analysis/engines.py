@@ -42,7 +42,8 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
 from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir
 from speclab.specs.arms import NONE, PLAN, Arm, drafter_runs_model
-from speclab.costs.engine_plan import Overheads, engine_costs, fit_overheads, predict_requests, speed_requests
+from speclab.costs.engine_plan import (Overheads, engine_costs, engine_counts, fit_overheads, predict_requests,
+                                      speed_requests)
 from speclab.costs.engine_time import EngineCosts, iid_speedup, predicted_speedups
 from engines.llama_cpp.arms import ENGINE as LLAMA, pasted_flags
 from engines.vllm.arms import ENGINE as VLLM, pasted_config
@@ -81,8 +82,7 @@ def with_counters(spec: pd.DataFrame) -> pd.DataFrame:
     accepted; vLLM's accepted by position comes from its histogram of verify steps, which need not add up to its
     request's accepted count); checked = the sum of speclab's checked-by-depth counts, else drafted (an engine checks
     every proposal it drafted in one pass)."""
-    drafted = (spec.mean_k * spec.iterations).round()
-    accepted = (spec.acceptance_rate * drafted).round().where(drafted > 0, 0.0)
+    drafted, accepted = engine_counts(spec)
     checked = drafted
     if "accepted_by_depth" in spec and "checked_by_depth" in spec:
         loop_checked = _depth_sum(spec.checked_by_depth)

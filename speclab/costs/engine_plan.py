@@ -90,18 +90,25 @@ def predict_requests(costs: EngineCosts, acc: pd.DataFrame, overheads: Overheads
     return pd.DataFrame(rows)
 
 
+def engine_counts(spec: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Speed rows' drafted (proposals per pass times passes, ``mean_k * iterations``) and accepted as an engine counts
+    it (its acceptance_rate, accepted / drafted, times drafted; none drafted: none accepted)."""
+    drafted = (spec.mean_k * spec.iterations).round()
+    return drafted, (spec.acceptance_rate * drafted).round().where(drafted > 0, 0.0)
+
+
 def speed_requests(spec: pd.DataFrame) -> pd.DataFrame:
     """Speed rows of speculative arms as requests for ``predict_requests``: drafted = proposals per pass times
     passes (``mean_k * iterations``); accepted = new tokens - passes for speclab's loop (its rows count checked
     proposals by depth: every pass yields one token beyond the accepted), else the engine's own ratio times drafted
     (an engine's passes need not count the prompt's, which made the first token: vLLM's do not); the request's own
     prompt time."""
-    drafted = (spec.mean_k * spec.iterations).round().fillna(0.0)
+    drafted, own = engine_counts(spec)
+    drafted = drafted.fillna(0.0)
     accepted = (spec.new_tokens - spec.iterations).astype(float)
     if "checked_by_depth" in spec and "acceptance_rate" in spec:
         engine_rows = spec.checked_by_depth.fillna("").astype(str).eq("")
-        own = (spec.acceptance_rate * drafted).round().where(drafted > 0, 0.0).fillna(0.0)
-        accepted = accepted.where(~engine_rows, own)
+        accepted = accepted.where(~engine_rows, own.fillna(0.0))
     return pd.DataFrame({"prompt_id": spec.prompt_id.values, "kind": spec.kind.values, "drafter": spec.drafter.values,
                          "k": spec.k.values, "k_policy": spec.k_policy.values, "new_tokens": spec.new_tokens.values,
                          "proposed": drafted.values, "accepted": accepted.values,
