@@ -60,6 +60,13 @@ def power_against_wrong_rules(c: Context, n: int, level: float, sims: int, top: 
             for rule in WRONG_RULES}
 
 
+def rule_counts(c: Context, n: int, rule: str, seed: int) -> np.ndarray:
+    """Counts over the vocabulary of ``n`` first tokens drawn through ``rule`` at context ``c`` (its p and q)."""
+    g = torch.Generator(device=c.p.device).manual_seed(seed)
+    draws = first_token_draws(c.p, c.q.to(c.p.device), n, rule, g)
+    return np.bincount(draws.cpu().numpy(), minlength=c.p.shape[0])
+
+
 def engine_wrong_rule(engine_rule: str, wrong: str) -> str:
     """The rows of a wrong rule at an engine's contexts, proposals and number of draws (``<engine rule> as
     keep_draft``): what the engine's test would say had its sampler that rule."""
@@ -106,11 +113,9 @@ def run(ctx: StageContext) -> StageOutput:
             power = power_against_wrong_rules(c, n, level, sims, top)
             for seed in st.seeds:
                 for rule in SAMPLING_RULES:
-                    g = torch.Generator(device=c.p.device).manual_seed(int(seed))
-                    draws = first_token_draws(c.p, c.q, n, rule, g)
-                    counts = np.bincount(draws.cpu().numpy(), minlength=c.p.shape[0])
                     # For a wrong rule: the chance to catch it; for the correct rule: the weaker of the two.
-                    record(prompt, c, int(seed), rule, counts, power.get(rule, min(power.values())))
+                    record(prompt, c, int(seed), rule, rule_counts(c, n, rule, int(seed)),
+                           power.get(rule, min(power.values())))
             if st.hf_conformance and hf_done < int(st.hf_contexts):
                 runs = int(st.hf_runs)
                 hf_power = power_against_wrong_rules(c, runs, level, sims, top)
@@ -126,10 +131,8 @@ def run(ctx: StageContext) -> StageOutput:
                 record(prompt, at, 0, d.rule, d.counts, min(power.values()))
                 if d.q is not None:  # the same test, draws and proposals, given a wrong rule's output: it must fail
                     for rule in WRONG_RULES:
-                        g = torch.Generator(device=at.p.device).manual_seed(int(cfg.seed))
-                        draws = first_token_draws(at.p, at.q.to(at.p.device), drawn, rule, g)
-                        record(prompt, at, 0, engine_wrong_rule(d.rule, rule),
-                               np.bincount(draws.cpu().numpy(), minlength=at.p.shape[0]), power[rule])
+                        record(prompt, at, 0, engine_wrong_rule(d.rule, rule), rule_counts(at, drawn, rule,
+                                                                                           int(cfg.seed)), power[rule])
     df = pd.DataFrame(rows)
     return summarize(df, cfg)
 
