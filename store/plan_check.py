@@ -16,7 +16,7 @@ from store.best_fixed import BLOCK
 COLUMNS = ["pair", "kind", "choice", "predicted", "unseen_lo", "unseen_hi", "stated_coverage", "sample_prompts",
            "prompts_checked", "measured", "measured_inside", "inside", "inside_share", "best_arm", "best_measured",
            "vs_best", "vs_best_lo", "vs_best_hi", "blocks", "told_apart", "holds"]
-SHORTFALL = 0.95  # the recommendation holds when at least this share of the best arm's speed-up, or not told apart
+SHORTFALL = 0.95  # the recommendation holds when at least this share of the best arm's speed-up
 
 
 def plan_prompts(plan: pd.DataFrame) -> set[str]:
@@ -46,8 +46,9 @@ def kind_checks(speed: pd.DataFrame, plan: pd.DataFrame, level: float = 0.95) ->
     run in the same blocks (an arm of the recommendation's own configuration is its noise), the highest median
     speed-up; ``vs_best``: the recommendation over it, the median of their
     within-block tokens/s ratios, with its distribution-free interval at ``level`` (none from fewer blocks than it
-    needs). ``told_apart``: the plan's recommendation was, at its level, above its runner-up (``runner_up_margin``
-    at least 1). ``holds``: ``vs_best`` is at least ``SHORTFALL``, or the plan said it could not tell them apart."""
+    needs). ``told_apart``: the plan's recommendation was, at its level, above every rival (``runner_up_margin``
+    at least 1). ``holds``: ``vs_best`` is at least ``SHORTFALL``, whatever the plan said: a plan unsure of its
+    runner-up is not excused when another configuration won."""
     seen = plan_prompts(plan)
     rows = []
     runs_all = speed[~speed.prompt_id.isin(seen)] if len(speed) else speed
@@ -86,7 +87,7 @@ def kind_checks(speed: pd.DataFrame, plan: pd.DataFrame, level: float = 0.95) ->
                      "inside_share": inside / len(per_prompt) if stated else np.nan,
                      "best_arm": best, "best_measured": best_speedup, "vs_best": ratio, "vs_best_lo": r_lo,
                      "vs_best_hi": r_hi, "blocks": blocks, "told_apart": told_apart,
-                     "holds": bool(ratio >= SHORTFALL or not told_apart) if ratio == ratio else np.nan})
+                     "holds": bool(ratio >= SHORTFALL) if ratio == ratio else np.nan})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -1,5 +1,5 @@
-"""A plan's sample sized by what it shows: a kind is settled when its recommendation is told apart from the
-runner-up, or within the precision of it, at the plan's level; the plan job adds prompts of the kinds that are not,
+"""A plan's sample sized by what it shows: a kind is settled when its recommendation is told apart from every
+rival, or within the precision of it, at the plan's level corrected for the rivals and the looks; the plan job adds prompts of the kinds that are not,
 within its budgets, and says per kind why its sample stopped."""
 import numpy as np
 import pandas as pd
@@ -21,12 +21,12 @@ def _pred(model: list[float], lookup: list[float]) -> pd.DataFrame:
 
 def test_two_prompts_that_agree_settle_the_kind_and_two_that_disagree_do_not():
     agree = settled(_pred([1.50, 1.60], [1.20, 1.25]), MODEL4, 0.05, 0.9)
-    assert agree.runner_up == LOOKUP4 and agree.settled and agree.margin > 1.2
+    assert agree.runner_up == LOOKUP4 and agree.settled and agree.margin > 1.15
     # The same mean advantage, but the prompts disagree on the sign: two prompts cannot tell them apart.
     disagree = settled(_pred([1.80, 1.10], [1.20, 1.30]), MODEL4, 0.05, 0.9)
     assert not disagree.settled and disagree.margin < 0.95
     # More prompts that keep the same advantage with the same spread do settle it.
-    many = settled(_pred([1.80, 1.10, 1.80, 1.10, 1.80, 1.10, 1.80, 1.10], [1.20, 1.30] * 4), MODEL4, 0.05, 0.9)
+    many = settled(_pred([1.80, 1.10] * 8, [1.20, 1.30] * 8), MODEL4, 0.05, 0.9)
     assert many.settled
 
 
@@ -38,11 +38,20 @@ def test_a_tie_within_the_precision_settles_and_one_prompt_never_does():
     assert not one.settled and np.isnan(one.margin)
 
 
-def test_the_bound_is_the_runner_ups_not_the_worst_candidates():
+def test_the_bound_is_the_closest_rivals_not_the_sample_runner_ups():
     pred = pd.concat([_pred([1.5, 1.6], [1.45, 1.62]),
                       pd.DataFrame([{"prompt_id": f"p{i}", "kind": "code", "drafter": "hybrid", "k_policy": "fixed",
                                      "k": 2, "predicted": 0.5} for i in range(2)])])
     assert settled(pred, MODEL4, 0.05, 0.9).runner_up == LOOKUP4
+    # A rival ranked third by median whose prompts disagree is the one the sample cannot rule out: the old rule,
+    # against the runner-up (lookup, agreeing closely) alone, called this settled.
+    third = pd.concat([_pred([1.50, 1.52, 1.51], [1.45, 1.47, 1.46]),
+                       pd.DataFrame([{"prompt_id": f"p{i}", "kind": "code", "drafter": "hybrid", "k_policy": "fixed",
+                                      "k": 2, "predicted": v} for i, v in enumerate([1.0, 1.9, 1.0])])])
+    s = settled(third, MODEL4, 0.05, 0.9)
+    assert s.runner_up == ("hybrid", "fixed", 2) and not s.settled and s.rivals == 3
+    # The correction: more looks ask for more.
+    assert settled(third, MODEL4, 0.05, 0.9, looks=7).margin < s.margin
 
 
 def _plan(tmp_path, *overrides):

@@ -298,8 +298,8 @@ class PlanStage(TimingStage, AcceptanceStage):
     # is settled or a budget is spent (pipeline/stages/plan_sample.py); unset: the sample as prompts.per_kind chose it.
     sample_precision: Optional[float] = setting(
         0.05, unset_or(number_in(0, 1, lo_open=True, hi_open=True)), neutral=None,
-        doc="add prompts of a kind until its recommendation is, at the plan's level, at most this much below the "
-            "runner-up (speclab/costs/planning.py settled); null: never add")
+        doc="add prompts of a kind until its recommendation is, at the plan's level corrected for its rivals and "
+            "looks, at most this much below every other configuration (speclab/costs/sample_rule.py); null: never add")
     sample_max_prompts: int = setting(8, int_at_least(2), neutral=8, doc="with sample_precision: the most prompts a kind")
     sample_budget_minutes: float = setting(20.0, number_in(0, float("inf"), lo_open=True, hi_open=True), neutral=20.0,
                                            doc="with sample_precision: add no prompt that would end the plan job "

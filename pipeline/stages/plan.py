@@ -18,7 +18,7 @@ from speclab.stats.intervals import prediction_size_needed
 from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, identity
 from pipeline.jobs.run_names import run_name
-from pipeline.stages.plan_sample import engine_name, kinds_settled, predictions, stop_reason, this_job
+from pipeline.stages.plan_sample import engine_name, kinds_settled, predictions, sample_looks, stop_reason, this_job
 
 SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("kind", "string"), ("drafter", "string"), ("k_policy", "string"), ("k", "int32"), ("prompts", "int32"),
@@ -28,7 +28,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     ("unseen_lo", "float64"), ("unseen_hi", "float64"), ("unseen_coverage", "float64"),
     ("cv_gain", "float64"), ("cv_error", "float64"),
     # Why the kind's sample is its size (pipeline/stages/plan_sample.py), and the recommendation's lower bound over
-    # the runner-up (a ratio at the level; speclab.costs.planning.settled).
+    # its closest rival (a ratio, at the level corrected for the rivals and looks; speclab.costs.sample_rule).
     ("sample_stop", "string"), ("runner_up_margin", "float64"),
 ])
 NEEDS = ("timing", "acceptance")
@@ -41,7 +41,7 @@ def run(ctx: StageContext) -> StageOutput:
     pred = predictions(engine_name(ctx), timing, acc)
     rec = recommend(pred, level)
     precision = cfg.stage.get("sample_precision")
-    state = kinds_settled(pred, rec, float(precision) if precision is not None else 0.0, level)
+    state = kinds_settled(pred, rec, float(precision) if precision is not None else 0.0, level, sample_looks(cfg))
     seen = set(acc.prompt_id)
     sample = {k: (state.get(k), int(n)) for k, n in acc.groupby("kind").prompt_id.nunique().items()}
     rec["sample_stop"] = [stop_reason(cfg, k, *sample[k], seen) if k in sample else "" for k in rec.kind]

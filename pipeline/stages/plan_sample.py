@@ -1,7 +1,7 @@
 """The plan's predictions, and the sample of prompts they need: a plan job's acceptance part adds prompts of a kind
 (the next ones of the kind in the file, after the sample prompts.per_kind chose) until the kind's recommendation is
-told apart from its runner-up, or within ``stage.sample_precision`` of it, at the plan's level
-(``speclab.costs.planning.settled``), or a budget is spent (``stage.sample_max_prompts`` a kind,
+told apart from every other configuration, or within ``stage.sample_precision`` of it, at the plan's level corrected
+for the rivals and the sample sizes looked at (``speclab.costs.sample_rule``), or a budget is spent (``stage.sample_max_prompts`` a kind,
 ``stage.sample_budget_minutes`` for the job). Only the cheap part grows: the greedy reference and the replays of each
 added prompt; the timing part ran once, before. The plan stage says per kind why its sample stopped (``stop_reason``).
 """
@@ -18,6 +18,7 @@ from pipeline.engines.base import engine_class, engine_of
 from pipeline.jobs.identity import output_path
 from pipeline.prompts.sets import Prompt, load_prompts
 from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests
+from speclab.costs.sample_rule import looks
 from speclab.costs.planning import CONFIG_KEYS, Settled, calibrate, predict_runs, recommend, settled
 
 log = logging.getLogger("speclab")
@@ -47,12 +48,21 @@ def grows(cfg: DictConfig) -> bool:
             and int(cfg.prompts.per_kind) > 0)
 
 
-def kinds_settled(pred: pd.DataFrame, rec: pd.DataFrame, precision: float, level: float) -> dict[str, Settled]:
-    """Per kind: whether its sample tells its recommendation apart from the runner-up (``speclab.costs.planning.settled``)."""
+def sample_looks(cfg: DictConfig) -> int:
+    """The sample sizes a plan job may look at (from prompts.per_kind to stage.sample_max_prompts): the sample rule's
+    correction (``speclab.costs.sample_rule``); one where the sample does not grow."""
+    if not grows(cfg):
+        return 1
+    return looks(int(cfg.prompts.per_kind), int(cfg.stage.sample_max_prompts))
+
+
+def kinds_settled(pred: pd.DataFrame, rec: pd.DataFrame, precision: float, level: float,
+                  n_looks: int = 1) -> dict[str, Settled]:
+    """Per kind: whether its sample tells its recommendation apart from every rival (``speclab.costs.planning.settled``)."""
     out = {}
     for kind, g in rec[rec.recommended & (rec.kind != "all")].groupby("kind"):
         chosen = tuple(g.iloc[0][c] for c in CONFIG_KEYS)
-        out[kind] = settled(pred[pred.kind == kind], (chosen[0], chosen[1], int(chosen[2])), precision, level)
+        out[kind] = settled(pred[pred.kind == kind], (chosen[0], chosen[1], int(chosen[2])), precision, level, n_looks)
     return out
 
 
@@ -79,7 +89,7 @@ def grow_sample(ctx, acc: pd.DataFrame, run_more: Callable[[list[Prompt]], pd.Da
     engine = engine_name(ctx)
     while True:
         pred = predictions(engine, timing, acc)
-        state = kinds_settled(pred, recommend(pred, level), precision, level)
+        state = kinds_settled(pred, recommend(pred, level), precision, level, sample_looks(cfg))
         counts = acc.groupby("kind").prompt_id.nunique()
         seen = set(acc.prompt_id)
         open_kinds = {k: more_prompts(cfg, k, seen) for k, s in state.items() if not s.settled and counts[k] < cap}
@@ -106,7 +116,7 @@ def grow_sample(ctx, acc: pd.DataFrame, run_more: Callable[[list[Prompt]], pd.Da
 def margin_text(s: Settled) -> str:
     if s.margin != s.margin:
         return f"no bound from {s.prompts} prompt(s)"
-    return f"at least {s.margin:.3f} of the runner-up's speed-up"
+    return f"at least {s.margin:.3f} of its closest rival's speed-up, of {s.rivals}"
 
 
 def stop_reason(cfg: DictConfig, kind: str, s: Settled | None, n: int, seen: set[str]) -> str:
@@ -118,9 +128,9 @@ def stop_reason(cfg: DictConfig, kind: str, s: Settled | None, n: int, seen: set
         return "every prompt of the kind (prompts.per_kind=0)"
     level = f"{100 * float(st.level):.0f}%"
     if s is not None and s.settled:
-        return (f"settled at {n} prompts: at {level} at least {s.margin:.3f} of the runner-up "
+        return (f"settled at {n} prompts: at {level} at least {s.margin:.3f} of every one of {s.rivals} rivals "
                 f"(within stage.sample_precision={float(st.sample_precision):g})")
-    bound = margin_text(s) if s is not None else "no runner-up"
+    bound = margin_text(s) if s is not None else "no rival"
     if n >= int(st.sample_max_prompts):
         return f"not settled ({bound}): stopped at stage.sample_max_prompts={int(st.sample_max_prompts)}"
     if not more_prompts(cfg, kind, seen):

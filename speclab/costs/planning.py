@@ -13,6 +13,9 @@ import pandas as pd
 from speclab.specs.arms import drafter_looks_up, drafter_runs_model
 from speclab.stats.estimators import alpha_hat
 from speclab.stats.intervals import median_ci, prediction_interval
+from speclab.costs.kind_rule import HeldOut, RULE
+from speclab.costs.kind_rule import held_out as kind_held_out
+from speclab.costs.sample_rule import closest_rival, is_settled
 from speclab.costs.time_model import PARTS, PassModel, TimeModel, Trace, calibrate_loop
 from speclab.specs.tree_shapes import is_tree
 
@@ -154,75 +157,38 @@ def worst_ratios(pred: pd.DataFrame) -> pd.Series:
     return table.div(table.max(axis=1), axis=0).min(axis=0).rename("worst_ratio")
 
 
-@dataclass(frozen=True)
-class HeldOut:
-    """How the kind's own choice fares against the pooled one on prompts it did not see (leave one prompt out)."""
-
-    gain: float   # mean over the kind's prompts of (the choice made without the prompt) / (the pooled choice) - 1
-    error: float  # the standard error of that mean (NaN below 2 prompts)
-    prompts: int
-    beyond: bool  # the gain exceeds its error: one-sided t at ``level`` (a gain every prompt agrees on counts)
-
-
-def held_out(pred: pd.DataFrame, pooled: tuple, level: float) -> HeldOut:
-    """Per prompt of one kind, the configuration with the highest median over the kind's *other* prompts, priced on
-    the left-out prompt against the pooled choice. The kind's own choice is worth taking when that held-out gain is
-    positive beyond its standard error, by a one-sided t test at ``level`` (what two prompts can show when they
-    agree; what four cannot when they do not)."""
-    from scipy.stats import t as student_t
-
+def held_out(pred: pd.DataFrame, kind: str, level: float) -> HeldOut:
+    """The kind's own choice against the robust one, each made without the prompt it is priced on
+    (``speclab.costs.kind_rule``); ``pred``: every kind's predictions (the robust choice is made over all of them)."""
     table = per_prompt(pred)
-    values, configs = table.to_numpy(dtype=float), list(table.columns)  # configurations are tuples: by position
-    if pooled not in configs:
-        return HeldOut(float("nan"), float("nan"), 0, False)
-    at = configs.index(pooled)
-    gains = []
-    for i in range(len(values)) if len(values) > 1 else ():
-        rest = np.delete(values, i, axis=0)
-        choice = int(np.nanargmax(np.nanmedian(rest, axis=0)))
-        gains.append(values[i, choice] / values[i, at] - 1)
-    g = np.asarray(gains, float)
-    g = g[~np.isnan(g)]
-    if len(g) < 2:
-        return HeldOut(float(np.mean(g)) if len(g) else float("nan"), float("nan"), len(g), False)
-    mean, err = float(g.mean()), float(g.std(ddof=1) / np.sqrt(len(g)))
-    return HeldOut(mean, err, len(g), bool(mean > 0 and mean > student_t.ppf(level, len(g) - 1) * err))
+    kinds = pred.drop_duplicates("prompt_id").set_index("prompt_id").kind
+    return kind_held_out(table.to_numpy(dtype=float), (kinds.reindex(table.index) == kind).to_numpy(), level)
 
 
 @dataclass(frozen=True)
 class Settled:
-    """Whether a kind's sample has told its recommendation apart from the runner-up (the highest other median)."""
+    """Whether a kind's sample has told its recommendation apart from every other configuration it priced
+    (``speclab.costs.sample_rule``)."""
 
-    runner_up: tuple | None  # (drafter, k_policy, k); None when the kind has one candidate
-    margin: float            # the lower bound at ``level`` of the recommendation's mean speed-up over the runner-up's,
-                             # a ratio (geometric mean over the kind's prompts); NaN below 2 prompts
+    runner_up: tuple | None  # (drafter, k_policy, k) of the closest rival (the lowest bound); None: one candidate
+    margin: float            # the lower bound, corrected for the rivals and the looks, of the recommendation's mean
+                             # speed-up over that rival, a ratio (geometric mean over the kind's prompts); NaN below 2
     prompts: int
-    settled: bool            # margin >= 1 - precision: no worse than ``precision`` below the runner-up, at ``level``
+    settled: bool            # margin >= 1 - precision: no worse than ``precision`` below any rival, at ``level``
+    rivals: int = 0
 
 
-def settled(pred: pd.DataFrame, chosen: tuple, precision: float, level: float) -> Settled:
-    """Per prompt of one kind, log(recommended / runner-up); the one-sided t lower bound of their mean at ``level``,
-    as a ratio. The sample is enough when that bound is at least ``1 - precision``: the recommendation is then told
-    apart from the runner-up (bound above 1), or the two are within ``precision`` of each other and either will do.
-    Two prompts settle it when they agree; prompts that disagree need more of them."""
-    from scipy.stats import t as student_t
-
+def settled(pred: pd.DataFrame, chosen: tuple, precision: float, level: float, looks: int = 1) -> Settled:
+    """Per prompt of one kind, log(recommended / rival) for every other configuration (plain included); the sample is
+    enough when each one's lower bound, at ``level`` corrected for the rivals and the ``looks`` (sample sizes) the plan
+    takes, is at least ``1 - precision``: the recommendation is then told apart from every rival, or within
+    ``precision`` of it, whichever configuration the sample happened to favour."""
     table = per_prompt(pred)
     values, configs = table.to_numpy(dtype=float), list(table.columns)  # configurations are tuples: by position
     if chosen not in configs or len(configs) < 2:
         return Settled(None, float("nan"), len(values), False)
-    at = configs.index(chosen)
-    medians = np.nanmedian(values, axis=0)
-    medians[at] = -np.inf
-    other = int(np.nanargmax(medians))
-    runner = tuple(configs[other])
-    logs = np.log(values[:, at] / values[:, other])
-    logs = logs[np.isfinite(logs)]
-    if len(logs) < 2:
-        return Settled(runner, float("nan"), len(logs), False)
-    err = logs.std(ddof=1) / np.sqrt(len(logs))
-    margin = float(np.exp(logs.mean() - student_t.ppf(level, len(logs) - 1) * err))
-    return Settled(runner, margin, len(logs), bool(margin >= 1 - precision - 1e-12))
+    b = closest_rival(values, configs.index(chosen), level, looks)
+    return Settled(tuple(configs[b.rival]), b.margin, b.prompts, is_settled(b, precision), b.rivals)
 
 
 def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
@@ -233,10 +199,10 @@ def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     speclab.stats.intervals.prediction_interval), and the recommended one. Plain decoding is a candidate at exactly 1: where no
     configuration is predicted to beat it, the advice is not to speculate.
 
-    The recommendation is the *robust* configuration (the best worst case over every sample prompt,
-    ``worst_ratio``) unless the kind's own choice beats it on prompts it did not see (``held_out``: leave one prompt
-    out, the held-out gain beyond its error at ``level``); ``cv_gain`` and ``cv_error`` say by how much, on every row
-    of the kind, and ``chosen_by`` why.
+    Over all kinds ('all') the recommendation is the *robust* configuration (the best worst case over every sample
+    prompt, ``worst_ratio``); per kind, ``speclab.costs.kind_rule.RULE`` decides between the kind's own best and the
+    robust one, and ``cv_gain`` and ``cv_error`` say how the kind's own choice fared against the robust one on prompts
+    neither was chosen with (leave one prompt out), on every row of the kind; ``chosen_by`` says why.
     """
     pooled = pd.concat([pred, pred.assign(kind="all")], ignore_index=True) if pred.kind.nunique() > 1 else pred
     rows = [{"kind": kind, **PLAIN, "prompts": g.prompt_id.nunique(), "predicted": 1.0, "predicted_lo": 1.0,
@@ -264,14 +230,14 @@ def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
         best = cfg[g["rank"].idxmin()]
         why, pick = f"robust: best worst case over all sample prompts ({out.worst_ratio[robust_at]:.3f} of each one's best)", robust
         if kind != "all":
-            h = held_out(pred[pred.kind == kind], robust, level)
+            h = held_out(pred, kind, level)
             out.loc[g.index, ["cv_gain", "cv_error"]] = [h.gain, h.error]
-            said = (f"the kind's own choice, made without each prompt, gains {100 * h.gain:+.0f}% "
-                    f"(± {100 * h.error:.0f}%) on it over the robust choice ({h.prompts} prompts left out in turn)")
+            said = (f"the kind's own choice gains {100 * h.gain:+.0f}% (± {100 * h.error:.0f}%) over the robust one "
+                    f"on prompts neither saw ({h.prompts} left out in turn)")
             if best != robust and h.beyond:
                 why, pick = f"kind's best: {said}", best
             elif best != robust:
-                why += f"; {said}: not beyond its error at {level:.0%}"
+                why += f"; {said}: not taken by the rule ({RULE})"
         chosen = next(i for i in g.index if cfg[i] == pick)
         out.loc[chosen, ["recommended", "chosen_by"]] = [True, why]
     return out.sort_values(["kind", "rank"]).reset_index(drop=True)
