@@ -42,7 +42,7 @@ from analysis.drift import drift_table, drop_drifted
 from analysis.inputs import AnalysisError, campaign_dir, read_stage_files
 from speclab.specs.arms import ENGINE_NAMES, Arm
 from speclab.stats.intervals import median_ci, runs_needed
-from speclab.stats.verdict import SPECULATE, UNCLEAR, USE_PLAIN, verdict
+from speclab.stats.verdict import SPECULATE, UNCLEAR, USE_PLAIN, shows, verdict
 from store import layout
 
 # params.yaml keys of the campaigns the report shows, in the report's order.
@@ -84,7 +84,8 @@ def speculative_runs(speed: pd.DataFrame, campaign: str) -> pd.DataFrame:
 
 def candidates(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
     """Per campaign, pair, kind, sampling setting and configuration: runs, median speed-up and its interval
-    (none from fewer runs than it needs) and the minutes its runs took. Sorted best first within each group."""
+    (none from fewer runs than it needs) and the minutes its runs took. Sorted best first within each group: the
+    highest median among those with an interval, then those without."""
     rows = []
     for (campaign, pair, kind, sampling, config), g in runs.groupby(
             ["campaign", "pair", "kind", "sampling", "config"], sort=True):
@@ -95,9 +96,12 @@ def candidates(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
                      "minutes": float(g.wall_s.sum() / 60) if "wall_s" in g else np.nan})
     out = pd.DataFrame(rows, columns=["campaign", "pair", "kind", "sampling", "config", "runs", "speedup",
                                       "speedup_lo", "speedup_hi", "minutes"])
-    return out.sort_values(["campaign", "pair", "kind", "sampling", "speedup", "runs", "config"],
-                           ascending=[True, True, True, True, False, False, True], kind="mergesort",
-                           ignore_index=True)
+    # A configuration with an interval ranks above one without: a median from too few runs for an interval (a raced
+    # arm that left early, a job of two runs) is not shown to be anything, least of all the best.
+    return out.assign(_interval=out.speedup_lo.notna()).sort_values(
+        ["campaign", "pair", "kind", "sampling", "_interval", "speedup", "runs", "config"],
+        ascending=[True, True, True, True, False, False, False, True], kind="mergesort",
+        ignore_index=True).drop(columns="_interval")
 
 
 def difference_ci(a: np.ndarray, b: np.ndarray, samples: int = 2000, seed: int = 0,
@@ -341,7 +345,9 @@ def render(ans: Answer, heading: str = "##") -> list[str]:
          "free interval, none from fewer than 6 runs; `runs` = adjacent pairs, `minutes` = their time); best - runner-up: median of the "
          "two runs' differences in the blocks both ran (95% interval, none from fewer than 6 shared blocks), else "
          "the difference of medians (each median's 97.5% interval combined, none from fewer than 7 runs each). "
-         "`speculate`: interval above 1; `unclear`: not told apart from plain (a median below 1 included); `use plain`: interval below 1, the best shown to lose; "
+         "The best is the fastest configuration with an interval (one without ranks below: too few runs to show anything). "
+         f"`speculate`: interval above 1, {shows(SPECULATE)}; `unclear`: interval around 1, {shows(UNCLEAR)} (nor "
+         f"slower; a median below 1 included); `use plain`: interval below 1, {shows(USE_PLAIN)}; "
          "`too few runs (n of N)`: no interval, so no verdict, until it has N runs.\n",
          table.to_markdown(index=False, disable_numparse=True), ""]
     if len(ans.not_to_use):

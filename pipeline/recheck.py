@@ -16,55 +16,11 @@ import sys
 from pathlib import Path
 
 from pipeline.config.overrides import hydra_value
-from speclab.specs.arms import NONE, PEER_METHODS, Arm
-from speclab.specs.tree_shapes import PREFIX as TREE_PREFIX
+from store.published_answer import PublishedError as RecheckError, entry_of, published_arms
 from store.extend import override_key
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {"campaign": "recheck", "stage.rounds": "2"}
-
-
-class RecheckError(ValueError):
-    """A recheck that cannot run: one line naming the value and what is allowed."""
-
-
-def entry_of(arm: Arm) -> dict:
-    """The ``stage.arms`` entry that runs ``arm`` (the planner's arm as the fixed configuration it chose)."""
-    if arm.is_tree:
-        return {"tree": arm.drafter.removeprefix(TREE_PREFIX)}
-    if arm.method in PEER_METHODS.values():
-        return {"method": arm.method, **({"ks": [arm.k]} if arm.k and arm.k_policy == "fixed" else {})}
-    entry = {"drafter": arm.drafter, "k_policy": arm.k_policy}
-    return {**entry, **({"ks": [arm.k]} if arm.k else {})}
-
-
-def published_arms(outputs_dir: Path, pair: str) -> tuple[str, list[tuple[str, Arm]]]:
-    """The pair's published campaign and, per kind, its best configuration as an arm (read from the campaign's
-    own rows, so the arm is exactly the one published)."""
-    from analysis.common import read_stage_if_any
-    from pipeline.jobs.published import PLAN_SUFFIX, pair_campaign, published_best, read_published
-
-    answer = read_published(outputs_dir)
-    if answer is None:
-        raise RecheckError(f"no published answer under {outputs_dir}/analysis/answer: run `dvc repro` first")
-    campaign = pair_campaign(answer, pair)
-    if campaign is None:
-        raise RecheckError(f"pair={pair} has no published answer: use one of {sorted(set(answer.best.pair))}")
-    speed = read_stage_if_any(outputs_dir, "speed", campaign)
-    by_label: dict[str, Arm] = {}
-    for row in speed.drop_duplicates(["arm", "k", "k_policy", "drafter"]).itertuples():
-        arm = Arm.from_row(row)
-        if arm.method != "plain" and arm.drafter != NONE:
-            by_label.setdefault(arm.label.removesuffix(PLAN_SUFFIX),
-                                Arm("speculative", arm.k, arm.k_policy, arm.drafter) if arm.method == "recommended"
-                                else arm)
-    out = []
-    for best in published_best(answer, pair):
-        if best.config not in by_label:
-            raise RecheckError(f"published configuration {best.config!r} ({pair}, {best.kind}) is not among "
-                               f"campaign {campaign}'s speed rows: rerun `dvc repro`")
-        out.append((best.kind, by_label[best.config]))
-    return campaign, out
 
 
 def command(overrides: list[str], entries: list[dict]) -> list[str]:

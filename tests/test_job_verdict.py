@@ -85,3 +85,15 @@ def test_use_plain_needs_an_interval_below_one():
     assert verdict(0.97, 0.80, 1.20, 8) == "unclear"
     assert verdict(0.97, 0.90, 0.99, 8) == "use plain"
     assert verdict(1.05, 1.01, 1.20, 8) == "speculate"
+
+
+def test_the_words_say_slower_only_where_the_interval_lies_below_one():
+    from pipeline.jobs.verdict import KindVerdict
+    from speclab.stats.verdict import verdict
+
+    not_shown = KindVerdict("prose", "draft model k=4", 0.97, 0.80, 1.20, 8, 0.95, verdict(0.97, 0.80, 1.20, 8))
+    assert not_shown.text().endswith(": unclear (not shown faster than plain)") and "slower" not in not_shown.text()
+    slower = KindVerdict("prose", "draft model k=4", 0.93, 0.90, 0.99, 8, 0.95, verdict(0.93, 0.90, 0.99, 8))
+    assert slower.text().endswith(": use plain (slower than plain)")
+    few = KindVerdict("prose", "draft model k=4", 0.93, float("nan"), float("nan"), 4, 0.95, verdict(0.93, float("nan"), 0, 4))
+    assert few.text().endswith(": too few runs (4 of 6)")

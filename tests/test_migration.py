@@ -107,9 +107,39 @@ def predates_merge(meta: dict) -> bool:
 SAMPLE_GROWS_SINCE = "2026-12-04T18:30:00+00:00"
 
 
+# Every speed job finished before the speed stage raced by default ran its rounds in full (stage.race false,
+# stage.precision null) and, where neither a conf file nor its command set stage.rounds, one round; the main job
+# (stage=quick) ran the job's own arms only.
+RACE_DEFAULT_SINCE = "2026-12-07T08:00:00+00:00"
+
+
+def sweep_keys(meta: dict) -> set[str]:
+    """The dotted keys the job's sweep presets (``+sweep=NAME``: conf/sweep/NAME.yaml) set."""
+    import yaml
+
+    def keys(d: dict, prefix: str = "") -> set[str]:
+        return {k for name, v in d.items() for k in (keys(v, f"{prefix}{name}.") if isinstance(v, dict)
+                                                      else {f"{prefix}{name}"})}
+
+    out = set()
+    for o in meta.get("overrides") or []:
+        if o.startswith("+sweep="):
+            out |= keys(yaml.safe_load((ROOT / "conf" / "sweep" / f"{o.split('=', 1)[1]}.yaml").read_text()) or {})
+    return out
+
+
 def as_before(cfg, meta: dict) -> None:
-    """A composed job as it ran before ``stage.replay`` (every acceptance configuration ran the loop), and a plan job
-    as it ran before its sample grew."""
+    """A composed job as it ran before ``stage.replay`` (every acceptance configuration ran the loop), a plan job
+    as it ran before its sample grew, and a speed job as it ran before racing was the default."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in meta.get("overrides") or []} | sweep_keys(meta)
+    if meta.get("finished_at", "") < RACE_DEFAULT_SINCE and "race" in cfg.stage:
+        with open_dict(cfg):
+            cfg.stage.race = cfg.stage.race if "stage.race" in given else False
+            cfg.stage.precision = cfg.stage.precision if "stage.precision" in given else None
+            if "stage.rounds" not in given and cfg.stage.rounds == 3:  # no conf file set 3 rounds before
+                cfg.stage.rounds = 1
+            if cfg.stage.name == "quick" and "stage.arms" not in given:
+                cfg.stage.arms = None
     if predates_merge(meta) and "replay" in cfg.stage:
         with open_dict(cfg):
             cfg.stage.replay = False

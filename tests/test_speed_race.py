@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from speclab.stats.intervals import runs_needed
+
 from pipeline.jobs.context import build_context
 from engines.speclab.runner import SpeclabRunner
 from pipeline.stages import speed
@@ -56,7 +58,9 @@ def test_a_clearly_slower_arm_leaves_the_race_with_its_reason_and_keeps_the_bloc
 def test_a_kind_stops_when_every_rival_of_the_leader_is_clearly_slower(tmp_path):
     out = run_stage(tmp_path, {1: 2.0, 2: 1.0}, "stage.ks=[1,2]", "stage.rounds=12", "stage.race=true")
     df = out.rows
-    assert df.groupby("kind").block.nunique().tolist() == [FIRST_LOOK, FIRST_LOOK]
+    # k=2 and plain leave at the first look (4 blocks); the kind stops once its leader has an interval (6 blocks)
+    assert df.groupby("kind").block.nunique().tolist() == [runs_needed(0.95)] * 2
+    assert (df[df.k == 2].groupby("kind").block.nunique() == FIRST_LOOK).all()
     # plain left the race too, but its runs are every block's baseline: they stop with the kind
     assert (df[df.arm == "plain"].stopped_by == STOPS[DECIDED]).all()
     assert df[df.k == 2].stopped_by.str.startswith("dropped: slower than draft model k=1 after 4 blocks").all()
@@ -83,7 +87,8 @@ def test_a_race_that_cannot_decide_spends_its_budget_and_says_so(tmp_path):
 
 
 def test_the_fixed_design_runs_every_round_and_says_rounds(tmp_path):
-    out = run_stage(tmp_path, {1: 2.0, 2: 0.5}, "stage.ks=[1,2]", "stage.rounds=3")
+    out = run_stage(tmp_path, {1: 2.0, 2: 0.5}, "stage.ks=[1,2]", "stage.rounds=3", "stage.race=false",
+                    "stage.precision=null")
     df = out.rows
     assert df.block.nunique() == 6 and len(df) == 18
     assert (df.stopped_by == FIXED).all()

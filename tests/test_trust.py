@@ -192,7 +192,7 @@ def test_a_clean_job_is_trusted(tmp_path, monkeypatch, restore_threads):
 
 def test_one_run_per_arm_fails_the_runs_check_and_prints_no_interval(tmp_path, monkeypatch, caplog, restore_threads):
     _fake_machine(monkeypatch, load=0.0, drift=1.0)
-    cfg = make_cfg(tmp_path, *JOB, "prompts.per_kind=1", "threads=1")
+    cfg = make_cfg(tmp_path, *JOB, "prompts.per_kind=1", "threads=1", "stage.rounds=1")
     with caplog.at_level(logging.INFO, logger="speclab"):
         run_parts(cfg)
     assert set(pd.read_parquet(output_path(cfg, "speed")).trust) == {"runs"}

@@ -21,7 +21,7 @@ from pipeline.engines.option_checks import refuse_engine_keys
 from pipeline.config.strategy_config import drafter_class, drafter_conf, drafter_options
 from pipeline.jobs.context import StageContext, job_k_max, own_context
 from pipeline.jobs.arms import stage_entries
-from pipeline.jobs.inputs import find_best_fixed
+from pipeline.jobs.inputs import find_best_fixed, published_configurations
 from pipeline.jobs.context import memory_columns, sampling_config, stage_ks
 from pipeline.engines.base import (BLOCK_STEP_FIELDS, AcceptanceRun, Engine, RequestResult, RunResult, StepTimes,
                                    TimedPass)
@@ -122,7 +122,11 @@ def job_arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
     if needs(entries, "best_fixed"):  # the exploratory check's best, named now
         found = campaign_best_fixed(cfg)
         best = (found.drafter, found.k)
-    return expand_all(entries, job, best)
+    published = published_configurations(cfg) if needs(entries, "published") else []
+    if needs(entries, "published"):
+        log.info("speed: the published answer's configurations for pair "
+                 f"{cfg.pair.name}: {published or 'none (no published answer for this pair: run dvc repro)'}")
+    return expand_all(entries, job, best, published)
 
 
 def run_arm(ctx: StageContext, arm: Arm, ids, gen) -> tuple[list[int], float, float, dict]:

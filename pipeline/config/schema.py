@@ -264,10 +264,10 @@ class AcceptanceStage(KsStage):
 
 @dataclass
 class SpeedStage(RoundsStage):
-    race: bool = setting(False, neutral=False,
+    race: bool = setting(True, neutral=False,
                          doc="drop an arm from a kind's blocks once it is clearly slower than the leader, corrected "
                              "for every look and rival (speclab/stats/racing.py); stage.rounds is then the budget")
-    precision: Optional[float] = setting(None, unset_or(number_in(0, float("inf"), lo_open=True, hi_open=True)),
+    precision: Optional[float] = setting(0.05, unset_or(number_in(0, float("inf"), lo_open=True, hi_open=True)),
                                          neutral=None,
                                          doc="stop a kind's blocks once every arm in its race has a speed-up interval "
                                              "of at most this half-width; stage.rounds is then the budget")

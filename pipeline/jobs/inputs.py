@@ -1,7 +1,7 @@
 """What a job reads besides its config, which must therefore name the job too.
 
-A speed job's recommended arm follows the campaign's latest plan, and a best_fixed arm runs the
-exploratory check's best fixed configuration; a cost-model arm the config does not spell out
+A speed job's recommended arm follows the campaign's latest plan, a best_fixed arm runs the
+exploratory check's best fixed configuration, and a published arm the pair's published best configurations; a cost-model arm the config does not spell out
 (an arm entry naming it beside another ``k_policy``, or a plan's recommendation) takes its schema's
 defaults. Were these left out of the job's hash, rerunning a check after a new plan, or after a
 changed default, would find the old file "already complete" and report the old arms as the new.
@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pipeline.jobs.arms import arm_list, engine_name, stage_entries, stage_preset
 from speclab.specs.arms import needs, policies as arm_policies
 from store import best_fixed, layout, plans
+from store.published_answer import published_entries
 from store.legacy_arms import hashed_arms
 
 
@@ -40,6 +41,15 @@ def latest_plan_file(cfg: DictConfig) -> Path | None:
 def find_best_fixed(cfg: DictConfig) -> best_fixed.BestFixed | None:
     """The best fixed configuration of this pair's exploratory checks in this campaign, if any."""
     return best_fixed.find_best_fixed(cfg.outputs_dir, str(cfg.campaign), str(cfg.pair.name))
+
+
+def published_configurations(cfg: DictConfig) -> list[dict]:
+    """The entries a published arm runs: the pair's published best configurations, the job's frozen ones once it
+    started (``pipeline.jobs.published``)."""
+    frozen = OmegaConf.select(cfg, "inputs.published")
+    if frozen is not None:
+        return OmegaConf.to_container(frozen)
+    return published_entries(cfg.outputs_dir, str(cfg.pair.name))
 
 
 def _runs_schema_cost_model(cfg: DictConfig) -> bool:
@@ -65,6 +75,8 @@ def job_inputs(cfg: DictConfig) -> dict[str, object]:
     if needs(entries, "best_fixed"):
         best = find_best_fixed(cfg)
         out["best_fixed"] = f"{best.drafter} k={best.k}" if best is not None else None
+    if needs(entries, "published"):
+        out["published"] = published_configurations(cfg)
     if _runs_schema_cost_model(cfg):
         arm = {key: value for key, neutral in COST_MODEL_ARM_KEYS.items()
                if (value := getattr(CostModelKConf, key)) != neutral}

@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from speclab.stats.verdict import agreement
+from store.published_answer import PLAN_SUFFIX
 
 GREEDY = "greedy"
-PLAN_SUFFIX = " (plan)"  # the planner's arm: the published configuration is the one it chose
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pipeline.jobs.arms import engine_name
 from pipeline.jobs.published import comparison_lines, read_published
 from pipeline.jobs.trust import run_trust
 from speclab.specs.arms import PLAIN_CHOICE
-from speclab.stats.verdict import USE_PLAIN, verdict
+from speclab.stats.verdict import USE_PLAIN, shows, verdict
 from store.records import read_meta
 
 T = TypeVar("T")
@@ -41,10 +41,11 @@ class KindVerdict:
         """``draft model k=4 x1.34 (95% interval 1.20-1.45, 8 runs)<where>: speculate``."""
         interval = (f"{self.level:.0%} interval {self.lo:.2f}-{self.hi:.2f}" if self.lo == self.lo
                     else "too few runs for an interval")
-        return f"{self.config} x{self.speedup:.2f} ({interval}, {self.runs} runs){where}: {self.verdict}"
+        meaning = f" ({shows(self.verdict)})" if shows(self.verdict) else ""
+        return f"{self.config} x{self.speedup:.2f} ({interval}, {self.runs} runs){where}: {self.verdict}{meaning}"
 
 
-def fastest_per_kind(items: list[T], kind: Callable[[T], str], speedup: Callable[[T], float]) -> dict[str, T]:
+def fastest_per_kind(items: list[T], kind: Callable[[T], str], speedup: Callable[[T], Any]) -> dict[str, T]:
     """Per kind, in the order kinds first appear, the item with the highest speed-up (the first of a tie)."""
     best: dict[str, T] = {}
     for item in items:
@@ -55,10 +56,12 @@ def fastest_per_kind(items: list[T], kind: Callable[[T], str], speedup: Callable
 
 
 def kind_verdicts(arms: list[ArmResult]) -> list[KindVerdict]:
-    """Per kind (every kind pooled only when the job has one), the arm with the highest median speed-up."""
+    """Per kind (every kind pooled only when the job has one), the arm with the highest median speed-up among those
+    with an interval (a raced arm that left early has none, and was clearly slower), else among all."""
     timed = [a for a in arms if "speedup" in a.metrics and a.metrics["speedup"] == a.metrics["speedup"]]
     kinds = [a for a in timed if a.params["kind"] != "all"] or timed
-    best = fastest_per_kind(kinds, lambda a: str(a.params["kind"]), lambda a: a.metrics["speedup"])
+    ranked = lambda a: (a.metrics.get("speedup_lo") == a.metrics.get("speedup_lo"), a.metrics["speedup"])  # noqa: E731
+    best = fastest_per_kind(kinds, lambda a: str(a.params["kind"]), ranked)
     out = []
     for kind, a in best.items():
         m = a.metrics

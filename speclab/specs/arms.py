@@ -171,7 +171,8 @@ class ArmEntry:
     list is built into these by Hydra's ``instantiate``, pipeline/jobs/arms.py).
 
     - ``method``: speculative (the engine's speculation), recommended (the plan's choice per kind), best_fixed (the
-      campaign's exploratory check's best fixed configuration), or a transformers peer: hf_assisted (our k, no
+      campaign's exploratory check's best fixed configuration), published (the published answer's best configuration
+      of each kind of the pair: the recheck, folded into the main job), or a transformers peer: hf_assisted (our k, no
       threshold), hf_default (the library's settings), hf_lookup (its prompt lookup).
     - ``drafter``: a drafter of the engine (speclab: a drafter option, model, prompt_lookup, hybrid; llama.cpp: its
       speculative type, model or ngram-*); null: the job's ``drafter`` (llama.cpp: its draft model).
@@ -211,7 +212,7 @@ class ArmEntry:
         return given_keys(vars(self))
 
 
-ENTRY_METHODS = ("speculative", "recommended", "best_fixed", *PEER_METHODS.values())
+ENTRY_METHODS = ("speculative", "recommended", "best_fixed", "published", *PEER_METHODS.values())
 OWN = ArmEntry()  # the job's drafter and k policy at stage.ks: a speed job's default arms
 
 
@@ -249,8 +250,12 @@ def entry(data: Mapping[str, Any] | ArmEntry) -> ArmEntry:
     return ArmEntry(**{k: v for k, v in data.items() if k != "_target_"})
 
 
-def expand(e: ArmEntry, job: Job, best: tuple[str, int] | None = None) -> list[Arm]:
-    """The arms of one entry. ``best`` is the campaign's best fixed (drafter, k), for a best_fixed entry."""
+def expand(e: ArmEntry, job: Job, best: tuple[str, int] | None = None,
+           published: Iterable[Mapping[str, Any]] = ()) -> list[Arm]:
+    """The arms of one entry. ``best`` is the campaign's best fixed (drafter, k), for a best_fixed entry;
+    ``published`` the entries of the published configurations, for a published entry."""
+    if e.method == "published":
+        return [a for p in published for a in expand(entry(p), job)]
     if e.method == "recommended":
         return [RECOMMENDED]
     if e.method == "best_fixed":
@@ -274,9 +279,10 @@ def expand(e: ArmEntry, job: Job, best: tuple[str, int] | None = None) -> list[A
 
 
 def expand_all(entries: Iterable[Mapping[str, Any] | ArmEntry], job: Job,
-               best: tuple[str, int] | None = None) -> list[Arm]:
+               best: tuple[str, int] | None = None, published: Iterable[Mapping[str, Any]] = ()) -> list[Arm]:
     """Plain, then every entry's arms in order (an arm listed twice runs once)."""
-    return list(dict.fromkeys([PLAIN, *(a for e in entries for a in expand(entry(e), job, best))]))
+    published = list(published)
+    return list(dict.fromkeys([PLAIN, *(a for e in entries for a in expand(entry(e), job, best, published))]))
 
 
 def needs(entries: Iterable[Mapping[str, Any] | ArmEntry], method: str) -> bool:

@@ -10,8 +10,8 @@ blocks so far:
   best is dropped only when one of its tests against some other arm at some look errs, so over every look and every
   rival the chance of dropping it stays under ``1 - level`` (Bonferroni; the looks are the block counts the budget
   allows from ``FIRST_LOOK`` on, every ``every`` blocks). Plain decoding is a rival like the others, but it keeps running: the ratios need it.
-- the kind *stops* when every rival of the leader is out (``decided``), or when each arm still in the race has a
-  distribution-free interval of its median speed-up (``speclab.stats.intervals.median_ci`` at ``level``, the report's) no
+- the kind *stops*, once it has the blocks an interval needs (``runs_needed(level)``: the verdict needs one), when
+  every rival of the leader is out (``decided``), or when each arm still in the race has a distribution-free interval of its median speed-up (``speclab.stats.intervals.median_ci`` at ``level``, the report's) no
   wider than ``2 * precision`` (``precision``); the caller stops it when the budget is spent.
 
 Pure functions of the per-block log speed-ups: the speed stage feeds them, the coverage simulation
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from speclab.stats.intervals import median_ci
+from speclab.stats.intervals import median_ci, runs_needed
 
 FIRST_LOOK = 4  # the first block count a drop is tested at: with 3 blocks (2 degrees of freedom) the corrected bound
 #                 is too wide to drop anything, and a look that can never drop would spend error rate for nothing
@@ -118,7 +118,9 @@ def look(log_speedups: Mapping[Hashable, np.ndarray], plain: Hashable, rule: Rac
                 out.dropped[a] = (f"slower than {name(leader)} after {n} blocks (speed-up ratio at most "
                                   f"{np.exp(bound):.3f}, one-sided at {1 - alpha:.5f})")
     staying = [a for a in arms if a not in out.dropped]
-    if rule.race and staying == [leader] and len(arms) > 1:
+    if n < runs_needed(rule.level):  # a kind stops with an interval for every arm still in it, or not at all
+        return out
+    if rule.race and staying == [leader] and contenders > 1:
         out.stop = DECIDED
     elif rule.precision is not None:
         widths = [half_width(y[a], rule.level) for a in staying if a != plain]

@@ -7,6 +7,14 @@ from __future__ import annotations
 from speclab.stats.intervals import runs_needed
 
 SPECULATE, UNCLEAR, USE_PLAIN = "speculate", "unclear", "use plain"
+# What each verdict shows, in the words the report's legend and a job's verdict line use: "slower" only where the
+# interval lies below 1; a median below 1 whose interval reaches above 1 is not shown slower, only not faster.
+SHOWS = {SPECULATE: "faster than plain", UNCLEAR: "not shown faster than plain", USE_PLAIN: "slower than plain"}
+
+
+def shows(said: str) -> str:
+    """What a verdict shows ("" for no verdict: too few runs)."""
+    return SHOWS.get(said, "")
 
 
 def verdict(speedup: float, lo: float, hi: float, runs: int | None = None, level: float = 0.95) -> str:
