@@ -34,7 +34,7 @@ def test_a_job_of_one_kind_answers_for_it():
 
 def test_closing_lines_say_interval_or_its_absence_trust_and_machine():
     lines = verdict_lines(kind_verdicts(ARMS), "load", "Some CPU, 2 cores")
-    assert lines[0] == "verdict code: draft model k=4 x1.34 (95% interval 1.20-1.45, 8 runs): speculate"
+    assert lines[0] == "verdict code: draft model k=4 x1.34 (95% interval 1.20-1.45, 8 runs): speculate (faster than plain)"
     assert lines[2] == ("verdict structured: draft model k=4 x1.40 (too few runs for an interval, 2 runs): "
                         "too few runs (2 of 6)")
     assert lines[-1].startswith("trust: NOT TRUSTED (load") and "Some CPU, 2 cores" in lines[-1]
@@ -60,7 +60,7 @@ def test_sweep_table_has_trust_and_the_best_per_kind_over_jobs(tmp_path, capsys)
     assert list(table.trust) == ["ok", "load,drift"]
     text = "\n".join(lines)
     assert "| trust " in lines[1] and "NOT TRUSTED: jobs 1 (load,drift)" in text
-    assert ("best for code: draft model k=6 x1.50 (95% interval 1.05-1.90, 8 runs) in job 1: speculate, "
+    assert ("best for code: draft model k=6 x1.50 (95% interval 1.05-1.90, 8 runs) in job 1: speculate (faster than plain), "
             "NOT TRUSTED (load,drift)") in text
 
 
