@@ -264,12 +264,15 @@ def flags_of(row: pd.Series) -> str:
 
 
 def summary(speed: pd.DataFrame, spec: pd.DataFrame, preds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
-    """Per pair, engine and kind: plain tokens/s, the best greedy configuration with its interval, acceptance and
+    """Per pair, engine and kind: plain tokens/s, the best greedy configuration (the fastest with an interval, else
+    the fastest) with its interval, acceptance and
     prediction (``preds``' row of it), its flags and the verdict (analysis.answer's)."""
     plain = speed[(speed.arm == "plain") & ~speed.do_sample]
     out = []
     for (pair, engine, kind), g in preds[preds.kind != ALL].groupby(["pair", "engine", "kind"], sort=True):
-        g = g.sort_values(["measured", "runs", "config"], ascending=[False, False, True], kind="mergesort")
+        # the fastest configuration with an interval, as the answer's (analysis.answer.candidates)
+        g = g.assign(_interval=g.measured_lo.notna()).sort_values(
+            ["_interval", "measured", "runs", "config"], ascending=[False, False, False, True], kind="mergesort")
         best = g.iloc[0]
         p = plain[(plain.pair == pair) & (plain.engine == engine) & (plain.kind == kind)]
         example = spec[(spec.pair == pair) & (spec.engine == engine) & (spec.config == best.config)].iloc[0]

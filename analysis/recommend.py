@@ -24,7 +24,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
 from speclab.specs.arms import Arm
 from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
-from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, block_ratios, kind_checks, track_record
+from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, block_ratios, kind_checks, track_record, untrusted_text
 from store.plans import latest_plan, latest_plan_campaign
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
@@ -228,14 +228,15 @@ def plan_summary(plan: pd.DataFrame) -> pd.DataFrame:
         cover = getattr(r, "unseen_coverage", np.nan)
         rows.append({"pair": r.pair, "kind": r.kind,
                      "choice": Arm("speculative", int(r.k) or None, str(r.k_policy), str(r.drafter)).label,
+                     "trust": "UNTRUSTED" if untrusted_text(r) else "ok",
                      "chosen": "per kind" if why.startswith("kind's best") else "pooled" if why else "not recorded",
                      "sample": int(r.prompts), "predicted": float(r.predicted),
                      "unseen": f"{r.unseen_lo:.2f}-{r.unseen_hi:.2f} ({100 * cover:.0f}%)" if cover == cover
                      else "not stated",
                      "cv_gain": getattr(r, "cv_gain", np.nan), "cv_error": getattr(r, "cv_error", np.nan),
                      "sample_stop": str(getattr(r, "sample_stop", "") or ""), "why": why})
-    return pd.DataFrame(rows, columns=["pair", "kind", "choice", "chosen", "sample", "predicted", "unseen", "cv_gain",
-                                       "cv_error", "sample_stop", "why"])
+    return pd.DataFrame(rows, columns=["pair", "kind", "choice", "trust", "chosen", "sample", "predicted", "unseen",
+                                       "cv_gain", "cv_error", "sample_stop", "why"])
 
 
 def fixed_ranking(speed: pd.DataFrame, plan: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -291,6 +292,21 @@ def record_text(record: dict[str, float]) -> str:
             f"recommendation held against the best measured arm in {pct(record['holds_share'])}")
 
 
+def retime_lines(outputs_dir: str, campaign: str, plan: pd.DataFrame) -> list[str]:
+    """Per pair whose plan priced an untrusted timing or acceptance part: the command that measures it again."""
+    from store.layout import stage_dir
+    from store.records import read_meta
+
+    out = []
+    for r in plan.drop_duplicates("pair").itertuples():
+        if untrusted_text(r):
+            meta = read_meta(stage_dir(outputs_dir, campaign, "plan") / f"{r.pair}-{r.config_hash}.parquet")
+            given = [o for o in meta.get("overrides") or [] if not o.startswith("force=")]
+            out.append(f"{r.pair}: the plan is {untrusted_text(r)}; retime it alone on a quiet machine: "
+                       f"python -m pipeline.run {' '.join([*given, 'force=true'])}")
+    return out
+
+
 def show_plan(plan: pd.DataFrame, top: int) -> str:
     lines = []
     for pair, p in plan.groupby("pair"):
@@ -315,6 +331,8 @@ def show_plan(plan: pd.DataFrame, top: int) -> str:
                              + (f"; worst case {worst:.2f} of a prompt's best" if worst == worst else "") + ")")
                 if r.recommended and isinstance(getattr(r, "chosen_by", None), str) and r.chosen_by:
                     lines.append(f"  {'':10s} {'':11s} chosen as {r.chosen_by}")
+                if r.recommended and untrusted_text(r):
+                    lines.append(f"  {'':10s} {'':11s} {untrusted_text(r)}")
     return "\n".join(lines)
 
 
@@ -346,10 +364,12 @@ def main() -> None:
           "prompt (how often it holds), the held-out gain of the kind's own choice over the pooled one and its error:")
     print(markdown_table(plan_summary(plan).drop(columns=["why"])))
     print(show_plan(plan, args.top))
+    for line in retime_lines(params["outputs_dir"], campaign, plan):
+        print(line)
     if rec.unseen.prompts_checked.sum():
         print("\nthe plan against its check on prompts it did not see (per prompt: the median of its recommended runs "
               "over the adjacent plain run; vs_best: within-block tokens/s over the best other arm, 95% interval; "
-              f"holds: at least {SHORTFALL} of it, or the plan could not tell them apart):")
+              f"holds: at least {SHORTFALL} of it):")
         print(markdown_table(rec.unseen))
     print(record_text(rec.record))
     if not checked.empty:

@@ -1,12 +1,13 @@
 """Does the published answer hold on this machine? Reruns a pair's published best configurations, one per prompt
 kind, beside plain decoding in one speed job here, and ends with each beside its published figure (holds / differs,
-by this job's interval: pipeline/jobs/published.py).
+by this job's interval: pipeline/jobs/published.py). The main job (`make run`) runs the same configurations in its
+own blocks (a ``published`` arm entry, conf/stage/quick.yaml); this command runs them alone, on any pair.
 
-    python -m pipeline.recheck                      # the default pair (make run ends with it)
+    python -m pipeline.recheck                      # the default pair
     python -m pipeline.recheck pair=qwen25_coder_bf16 prompts.per_kind=2   # any other override of the job
 
-The job is an ordinary speed job (campaign ``recheck`` unless one is named, two rounds unless stage.rounds is
-given: 8 runs per kind on the default prompts, enough for a 95% interval), so it is skipped when already complete,
+The job is an ordinary speed job (campaign ``recheck`` unless one is named; the speed stage's design: raced, within
+a budget of stage.rounds rounds, at least the 6 runs a kind a 95% interval needs), so it is skipped when already complete,
 logged to MLflow and filed with its provenance. Its arms are data: the published configurations as ``stage.arms``
 entries, printed before it starts."""
 from __future__ import annotations
@@ -20,7 +21,7 @@ from store.published_answer import PublishedError as RecheckError, entry_of, pub
 from store.extend import override_key
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULTS = {"campaign": "recheck", "stage.rounds": "2"}
+DEFAULTS = {"campaign": "recheck"}
 
 
 def command(overrides: list[str], entries: list[dict]) -> list[str]:

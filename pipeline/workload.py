@@ -6,9 +6,11 @@ one closing block with the answer, its interval and what it cost.
     python -m pipeline.workload my.jsonl pair=qwen25_coder_bf16   # any override of both jobs
 
 Two ordinary jobs in the campaign ``workload-<file name>`` (or ``campaign=...``): a plan on the first
-``PLAN_PER_KIND`` prompts of each category, then a speed job on the next ones (at most ``CHECK_PER_KIND``), plain
-beside the recommended configuration, in enough rounds for a 95% interval per category. Both are skipped when
-already complete; a category needs ``PLAN_PER_KIND`` + 1 prompts."""
+``PLAN_PER_KIND`` prompts of each category, its sample grown until each category is settled (up to ``plan_cap``
+prompts: ``stage.sample_max_prompts``, leaving the smallest category one prompt to check), then a speed job on the
+prompts after the largest sample (at most ``CHECK_PER_KIND``), plain beside the recommended configuration, in enough
+rounds for a 95% interval per category. Both are skipped when already complete; a category needs
+``PLAN_PER_KIND`` + 1 prompts."""
 from __future__ import annotations
 
 import math
@@ -45,9 +47,18 @@ class Workload:
         stem = "".join(c if c.isalnum() or c in "_.-" else "-" for c in self.file.stem)[:48].strip("-.") or "file"
         return f"workload-{stem}"
 
-    def check_rounds(self, level: float = 0.95) -> int:
-        """Rounds over the held-out prompts that give every category the runs an interval needs."""
-        held_out = min(min(n - PLAN_PER_KIND, CHECK_PER_KIND) for n in self.kinds.values())
+    @property
+    def plan_cap(self) -> int:
+        """The most prompts a category's plan sample may grow to: ``stage.sample_max_prompts``'s default, leaving at
+        least one prompt of the smallest category for the check."""
+        from pipeline.config.schema import PlanStage
+
+        return max(PLAN_PER_KIND, min(PlanStage.sample_max_prompts, min(self.kinds.values()) - 1))
+
+    def check_rounds(self, skip: int, level: float = 0.95) -> int:
+        """Rounds over the held-out prompts (those after the first ``skip`` of each category) that give every
+        category the runs an interval needs."""
+        held_out = min(min(n - skip, CHECK_PER_KIND) for n in self.kinds.values())
         return max(1, math.ceil(runs_needed(level) / held_out))
 
 
@@ -66,17 +77,32 @@ def read_workload(path: str) -> Workload:
     return Workload(file, kinds)
 
 
-def commands(w: Workload, overrides: list[str]) -> list[list[str]]:
+def common_overrides(w: Workload, overrides: list[str]) -> list[str]:
     given = {o.split("=", 1)[0] for o in overrides}
-    common = [f"prompts.file={w.file}", "prompts.kinds=[" + ",".join(f"'{k}'" for k in w.kinds) + "]",
-              *([f"campaign={w.campaign}"] if "campaign" not in given else [])]
-    run = [sys.executable, "-m", "pipeline.run"]
-    # The split is fixed before the plan runs, so the plan keeps its sample (a grown one would eat the check's prompts).
-    plan = [*run, "stage=plan", *common, f"prompts.per_kind={PLAN_PER_KIND}", "stage.sample_precision=null", *overrides]
-    check = [*run, "stage=speed", *common, f"prompts.skip_per_kind={PLAN_PER_KIND}",
-             f"prompts.per_kind={CHECK_PER_KIND}", "stage.arms=[{method:recommended}]",
-             *([f"stage.rounds={w.check_rounds()}"] if "stage.rounds" not in given else []), *overrides]
-    return [plan, check]
+    return [f"prompts.file={w.file}", "prompts.kinds=[" + ",".join(f"'{k}'" for k in w.kinds) + "]",
+            *([f"campaign={w.campaign}"] if "campaign" not in given else [])]
+
+
+def plan_command(w: Workload, overrides: list[str]) -> list[str]:
+    """The plan: the first ``PLAN_PER_KIND`` prompts of each category, grown a category at a time until settled
+    (stage.sample_precision) up to ``plan_cap`` prompts."""
+    return [sys.executable, "-m", "pipeline.run", "stage=plan", *common_overrides(w, overrides),
+            f"prompts.per_kind={PLAN_PER_KIND}", f"stage.sample_max_prompts={w.plan_cap}", *overrides]
+
+
+def check_command(w: Workload, overrides: list[str], skip: int) -> list[str]:
+    """The check on the prompts after the first ``skip`` of each category (the largest sample the plan grew to: no
+    category's check holds a prompt its plan saw), plain beside the recommendation."""
+    given = {o.split("=", 1)[0] for o in overrides}
+    return [sys.executable, "-m", "pipeline.run", "stage=speed", *common_overrides(w, overrides),
+            f"prompts.skip_per_kind={skip}", f"prompts.per_kind={CHECK_PER_KIND}", "stage.arms=[{method:recommended}]",
+            *([f"stage.rounds={w.check_rounds(skip)}"] if "stage.rounds" not in given else []), *overrides]
+
+
+def plan_sample(plan: pd.DataFrame) -> int:
+    """The largest sample of a category in the plan's rows (its prompts)."""
+    rec = plan[plan.recommended & (plan.kind != "all")]
+    return int(rec.prompts.max()) if len(rec) else PLAN_PER_KIND
 
 
 def answer_lines(plan: pd.DataFrame, speed: pd.DataFrame, minutes: float) -> list[str]:
@@ -126,13 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     campaign = next((o.split("=", 1)[1] for o in overrides if o.startswith("campaign=")), w.campaign)
     print(f"workload: {w.file.name}, categories {w.kinds}; campaign {campaign}", flush=True)
     start = time.monotonic()
-    for cmd in commands(w, overrides):
+    pair = pair_of(overrides)
+    outputs = ROOT / "outputs"
+    for step in (lambda: plan_command(w, overrides),
+                 lambda: check_command(w, overrides, plan_sample(latest(outputs, campaign, "plan", pair)))):
+        cmd = step()
         print("workload: " + " ".join(cmd[1:]), flush=True)
         code = subprocess.run(cmd, cwd=ROOT).returncode
         if code:
             return code
-    pair = pair_of(overrides)
-    outputs = ROOT / "outputs"
     lines = answer_lines(latest(outputs, campaign, "plan", pair), latest(outputs, campaign, "speed", pair),
                          (time.monotonic() - start) / 60)
     print(f"\nyour workload {w.file.name} on {pair} (campaign {campaign}):\n" + "\n".join(lines), flush=True)

@@ -19,6 +19,19 @@ COLUMNS = ["pair", "kind", "choice", "predicted", "unseen_lo", "unseen_hi", "sta
 SHORTFALL = 0.95  # the recommendation holds when at least this share of the best arm's speed-up
 
 
+TRUSTED = ("ok", "unchecked")  # a job's checks passed, or ran before the checks existed (pipeline/jobs/trust.py)
+
+
+def untrusted_text(row) -> str:
+    """What a plan row says of the timing and acceptance it priced: "" when trusted (or written before the checks),
+    else ``UNTRUSTED (<checks>: <reasons>)``."""
+    trust = getattr(row, "trust", "ok")
+    trust = "ok" if trust != trust or trust is None else str(trust)
+    if trust in TRUSTED:
+        return ""
+    return f"UNTRUSTED ({trust}: {getattr(row, 'trust_detail', '')})"
+
+
 def plan_prompts(plan: pd.DataFrame) -> set[str]:
     """The prompts a plan saw (its rows' ``prompt_ids``)."""
     return {p for ids in plan.prompt_ids.dropna().unique() for p in str(ids).split(",") if p}

@@ -85,6 +85,17 @@ def test_a_job_that_ran_the_published_best_says_only_how_that_fared():
     assert comparison_lines(None, "p", arms) == []
 
 
+def test_a_published_best_that_left_the_race_is_said_slower_here_not_too_few_runs():
+    dropped = ArmResult("run prompt lookup k=4 prose", {"kind": "prose", "stopped_by": "dropped: slower than prompt "
+                        "lookup cost-model k after 4 blocks (speed-up ratio at most 0.969, one-sided at 0.99583)"},
+                        {"speedup": 1.29, "speedup_lo": NAN, "speedup_hi": NAN, "runs": 4, "level": 0.95},
+                        "prompt lookup k=4")
+    lines = comparison_lines(_answer(), "p", [dropped])
+    assert lines[1].endswith("here x1.29 (no interval, 4 runs): differs (slower here: it left this job's race, "
+                             "slower than prompt lookup cost-model k after 4 blocks (speed-up ratio at most 0.969, "
+                             "one-sided at 0.99583))")
+
+
 def test_the_published_best_of_a_pair_comes_from_its_first_campaign():
     best = published_best(_answer(), "p")
     assert [(b.campaign, b.kind, b.config) for b in best] == [("ref", "code", "draft model cost-model k"),

@@ -116,7 +116,7 @@ def test_where_and_how_a_job_ran_is_declared_in_the_schema_only():
     from store import identity
 
     # changing this set renames stored results (tests/test_config_hashes.py): a new volatile key is one never hashed
-    assert set(VOLATILE) == {"force", "overwrite_published", "mlflow.", "outputs_dir", "threads", "campaign"}
+    assert set(VOLATILE) == {"force", "overwrite_published", "mlflow.", "outputs_dir", "threads", "campaign", "trust.strict"}
     declared = declarations(SCHEMAS)
     assert all(declared[key.rstrip(".")]["volatile"] for key in VOLATILE)
     assert not [name for name, value in vars(identity).items()

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from pipeline.workload import PLAN_PER_KIND, WorkloadError, answer_lines, commands, read_workload
+from pipeline.workload import PLAN_PER_KIND, WorkloadError, answer_lines, check_command, plan_command, read_workload
 
 
 def _jsonl(path, counts):
@@ -19,17 +19,22 @@ def _jsonl(path, counts):
 def test_the_plan_and_its_check_never_share_a_prompt(tmp_path):
     w = read_workload(str(_jsonl(tmp_path / "my chats.jsonl", {"chat": 5, "code": 4})))
     assert w.kinds == {"chat": 5, "code": 4} and w.campaign == "workload-my-chats"
-    plan, check = commands(w, ["pair=tiny_random"])
-    assert f"prompts.per_kind={PLAN_PER_KIND}" in plan and "stage=plan" in plan
-    assert f"prompts.skip_per_kind={PLAN_PER_KIND}" in check and "stage.arms=[{method:recommended}]" in check
-    # 2 held-out prompts of code: 3 rounds give the 6 runs a 95% interval needs
-    assert "stage.rounds=3" in check and "campaign=workload-my-chats" in check
+    plan = plan_command(w, ["pair=tiny_random"])
+    # the plan grows its sample (stage.sample_precision at its default) up to 3 prompts: code keeps one to check
+    assert f"prompts.per_kind={PLAN_PER_KIND}" in plan and "stage=plan" in plan and "stage.sample_max_prompts=3" in plan
+    assert not any(o.startswith("stage.sample_precision") for o in plan)
+    # the check skips the largest sample the plan grew to
+    check = check_command(w, ["pair=tiny_random"], 3)
+    assert "prompts.skip_per_kind=3" in check and "stage.arms=[{method:recommended}]" in check
+    # 1 held-out prompt of code: 6 rounds give the 6 runs a 95% interval needs
+    assert "stage.rounds=6" in check and "campaign=workload-my-chats" in check
+    assert "stage.rounds=3" in check_command(w, ["pair=tiny_random"], 2)
     assert "prompts.kinds=['chat','code']" in check and plan[-1] == check[-1] == "pair=tiny_random"
 
 
 def test_the_users_values_replace_the_commands_own(tmp_path):
     w = read_workload(str(_jsonl(tmp_path / "w.jsonl", {"chat": 3})))
-    _, check = commands(w, ["campaign=mine", "stage.rounds=1"])
+    check = check_command(w, ["campaign=mine", "stage.rounds=1"], 2)
     assert [c for c in check if c.startswith(("campaign=", "stage.rounds="))] == ["campaign=mine", "stage.rounds=1"]
 
 

@@ -302,8 +302,8 @@ class PlanStage(TimingStage, AcceptanceStage):
             "looks, at most this much below every other configuration (speclab/costs/sample_rule.py); null: never add")
     sample_max_prompts: int = setting(8, int_at_least(2), neutral=8, doc="with sample_precision: the most prompts a kind")
     sample_budget_minutes: float = setting(20.0, number_in(0, float("inf"), lo_open=True, hi_open=True), neutral=20.0,
-                                           doc="with sample_precision: add no prompt that would end the plan job "
-                                               "after this many minutes (from its start, models' loading included)")
+                                           doc="with sample_precision: add no prompt that would end the plan's "
+                                               "sample after this many minutes (from the acceptance part's start)")
 
 
 @dataclass
@@ -363,6 +363,8 @@ class TrustConf:
                                doc="before/after step times differing by more than this factor")
     min_runs: int = setting(3, int_at_least(1), neutral=3,
                             doc="fewer runs per arm (repeats per timing) than this give no interval")
+    strict: bool = setting(False, volatile=True,
+                           doc="a plan refuses to recommend from an untrusted timing or acceptance part (one line)")
 
 
 ENGINES = engine_confs()  # each engine package's settings (engines/<name>/conf.py), by the name its rows carry

@@ -36,6 +36,7 @@ class StageContext:
     runner: Any = None  # the engine that runs the requests (pipeline/engines/base.py Engine; None: speclab's loop)
     make_inputs: Callable[[list[Prompt]], PromptInputs] | None = None  # more prompts' contexts, as the first were made
     started: float = field(default_factory=time.monotonic)  # when the job began loading its models (pipeline.run)
+    part_started: float | None = None  # when the running part began (pipeline/jobs/execute.py)
     said: set[str] = field(default_factory=set)  # lines a stage says once a job (a plan's growing sample comes back)
 
     def add_prompts(self, prompts: list[Prompt]) -> None:

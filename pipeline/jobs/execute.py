@@ -118,6 +118,7 @@ class Job:
                 self.ctx = build_context(self.cfg, self.prompts)
                 self.ctx.started = began  # a budget of the job's minutes counts its loading too
             log.info(f"[{part}] running: {module.describe(self.cfg)}")
+            self.ctx.part_started = time.monotonic()  # a part's own budget (the plan's sample) counts from here
             self.ctx.load = LoadSampler()
             self.ctx.load.sample()  # at the start; the stage samples between its blocks
             out = module.run(self.ctx)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from speclab.stats.verdict import agreement
+from speclab.stats.verdict import DIFFERS, agreement
 from store.published_answer import PLAN_SUFFIX
 
 GREEDY = "greedy"
@@ -87,6 +87,7 @@ def comparison_lines(answer, pair: str, arms: list, level: float = 0.95) -> list
     if answer is None or pair_campaign(answer, pair) is None:
         return []
     measured: dict[str, list[tuple[str, PublishedFigure, dict]]] = {}
+    stopped: dict[tuple[str, str], str] = {}
     for a in arms:
         kind, m = str(a.params.get("kind")), a.metrics
         if kind == "all" or "speedup" not in m or m["speedup"] != m["speedup"]:
@@ -94,15 +95,19 @@ def comparison_lines(answer, pair: str, arms: list, level: float = 0.95) -> list
         pub = published_figure(answer, pair, kind, a.label or a.name)
         if pub is not None:
             measured.setdefault(kind, []).append((pub.config, pub, m))
+            stopped[kind, pub.config] = str(a.params["stopped_by"]) if "stopped_by" in a.params else ""
     best = {b.kind: b for b in published_best(answer, pair)}
     lines, missing = [], []
     for kind in dict.fromkeys([*measured, *best]):
         ran = measured[kind] if kind in measured else []
+        params = {config: why for (k, config), why in stopped.items() if k == kind}
         of_best = [r for r in ran if kind in best and r[0] == best[kind].config]
         for config, pub, m in of_best or ran:
             what = "best" if of_best else "figure"
-            lines.append(f"published {what} for {kind}: {config} {pub.text()}; here {_here(m)}: "
-                         f"{agreement(pub.speedup, m['speedup_lo'], m['speedup_hi'], int(m['runs']), float(m.get('level', level)))}")
+            said = agreement(pub.speedup, m["speedup_lo"], m["speedup_hi"], int(m["runs"]), float(m.get("level", level)))
+            if m["speedup_lo"] != m["speedup_lo"] and params[config].startswith("dropped"):
+                said = f"{DIFFERS} (slower here: it left this job's race, {params[config].removeprefix('dropped: ')})"
+            lines.append(f"published {what} for {kind}: {config} {pub.text()}; here {_here(m)}: {said}")
         if not of_best and kind in best:
             missing.append(best[kind])
     lines += [f"published best for {b.kind}: {b.config} {b.text()}: not run by this job" for b in missing]

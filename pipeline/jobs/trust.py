@@ -1,4 +1,5 @@
-"""Whether a speed, batch or timing job's own conditions let its numbers be trusted, checked as it runs.
+"""Whether a speed, batch, timing or acceptance job's own conditions let its numbers be trusted, checked as it runs;
+a plan carries the verdict of the timing and acceptance parts it priced (``inherited``).
 
 Four checks, each a pure function that returns None (passed) or a ``Failed`` with a one-line reason:
 drift (step times before/after the runs differ by more than the analysis's limit), load (the load
@@ -22,7 +23,10 @@ from omegaconf import DictConfig
 from pipeline.tracking.machine import usable_cores
 
 OK, UNCHECKED = "ok", "unchecked"
-CHECKED_STAGES = ("speed", "batch", "timing")
+CHECKED_STAGES = ("speed", "batch", "timing", "acceptance")
+# Stages that time nothing themselves but price what earlier parts of the job timed: their rows carry those parts'
+# verdict (the plan: its timing and acceptance parts), set by the stage.
+INHERITED_STAGES = ("plan",)
 log = logging.getLogger("speclab")
 
 
@@ -109,9 +113,11 @@ def job_checks(part: str, rows: pd.DataFrame, metrics: dict[str, float], arm_run
     failed.append(check_load(loads, cores, own_threads))
     if part == "timing":  # each time is the median of its repeats
         failed.append(check_runs(int(rows.samples.min()), int(t.min_runs), "repeats per timing"))
-    elif arm_runs:
+    elif arm_runs and part != "acceptance":  # an acceptance run's times calibrate; its count is the prompts'
         failed.append(check_runs(min(arm_runs), int(t.min_runs)))
-    failed.append(check_placement(rows.memory_trusted.astype(bool).tolist(), rows.memory_reason.astype(str).tolist()))
+    if "memory_trusted" in rows:
+        failed.append(check_placement(rows.memory_trusted.astype(bool).tolist(),
+                                      rows.memory_reason.astype(str).tolist()))
     return [f for f in failed if f is not None]
 
 
@@ -135,7 +141,7 @@ def check_job(part: str, out, cfg: DictConfig, load: LoadSampler, own_threads: i
     verdict written on every row (``trust``, ``trust_detail``: JobRuns.finish tags and describes the run from
     them, also for a file logged later); returns the run's late tags (the load over the job)."""
     if part not in CHECKED_STAGES:
-        return load.tags()
+        return load.tags()  # a stage of INHERITED_STAGES wrote its parts' verdict on its rows itself
     arm_runs = [int(a.metrics["runs"]) for a in out.arms if "runs" in a.metrics]
     failed = job_checks(part, out.rows, out.metrics, arm_runs, cfg, load.samples, usable_cores(), own_threads)
     warn(part, failed)
@@ -149,3 +155,15 @@ def run_trust(rows: pd.DataFrame) -> tuple[str, str] | None:
     if "trust" not in rows or not len(rows):
         return None
     return str(rows.trust.iloc[0]), str(rows.trust_detail.iloc[0])
+
+
+def inherited(parts: dict[str, pd.DataFrame]) -> tuple[str, str]:
+    """The verdict of a stage that prices earlier parts' measurements (``parts``: each part's rows): ``ok`` when every
+    part is, ``unchecked`` when some was never checked and none failed, else the failed checks' names and, per part,
+    its reasons."""
+    verdicts = {part: run_trust(rows) or (UNCHECKED, "") for part, rows in parts.items()}
+    failed = {part: v for part, v in verdicts.items() if v[0] not in (OK, UNCHECKED)}
+    if failed:
+        names = dict.fromkeys(n for v in failed.values() for n in v[0].split(","))
+        return ",".join(names), "; ".join(f"{part}: {v[1]}" for part, v in failed.items())
+    return (UNCHECKED, "") if any(v[0] == UNCHECKED for v in verdicts.values()) else (OK, "")

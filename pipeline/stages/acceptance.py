@@ -14,7 +14,7 @@ from pipeline.engines.base import RequestResult, by_position, engine_class, engi
 from pipeline.stages.plan_sample import grow_sample, grows
 from store.records import make_schema
 from pipeline.jobs.stage_output import ArmResult, StageOutput, by_kind, single_arm_metrics
-from pipeline.stages.shared import IDENTITY_FIELDS, identity
+from pipeline.stages.shared import IDENTITY_FIELDS, TRUST_FIELDS, identity
 from pipeline.jobs.context import generator, sampling_config, stage_ks
 from pipeline.jobs.run_names import ks_label, run_name
 from speclab.decoding.acceptance import alpha_hat
@@ -40,7 +40,7 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     # An engine counted per request: its accepted proposals per draft position, comma-separated ('' where the
     # engine does not count them; a loop's rows count them per iteration: accepted).
     ("accepted_by_depth", "string"),
-])
+] + TRUST_FIELDS)
 
 
 def position_acceptance(df: pd.DataFrame, k: int) -> pd.DataFrame:

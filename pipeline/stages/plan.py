@@ -16,7 +16,9 @@ from speclab.specs.arms import Arm
 from speclab.costs.planning import recommend
 from speclab.stats.intervals import prediction_size_needed
 from pipeline.jobs.stage_output import ArmResult, StageOutput
-from pipeline.stages.shared import IDENTITY_FIELDS, identity
+from pipeline.stages.shared import IDENTITY_FIELDS, TRUST_FIELDS, identity
+from pipeline.jobs.trust import OK, UNCHECKED, inherited
+from store.plan_check import untrusted_text
 from pipeline.jobs.run_names import run_name
 from pipeline.stages.plan_sample import engine_name, kinds_settled, predictions, sample_looks, stop_reason, this_job
 
@@ -30,13 +32,16 @@ SCHEMA = make_schema(IDENTITY_FIELDS + [
     # Why the kind's sample is its size (pipeline/stages/plan_sample.py), and the recommendation's lower bound over
     # its closest rival (a ratio, at the level corrected for the rivals and looks; speclab.costs.sample_rule).
     ("sample_stop", "string"), ("runner_up_margin", "float64"),
-])
+] + TRUST_FIELDS)
 NEEDS = ("timing", "acceptance")
 
 
 def run(ctx: StageContext) -> StageOutput:
     cfg = ctx.cfg
     timing, acc = (this_job(cfg, s) for s in NEEDS)
+    trust, detail = inherited({"timing": timing, "acceptance": acc})
+    if trust not in (OK, UNCHECKED) and bool(cfg.trust.strict):
+        raise ValueError(f"trust.strict=true: the plan's measurements are untrusted ({detail}): {retime_text(cfg)}")
     level = float(cfg.stage.level)
     pred = predictions(engine_name(ctx), timing, acc)
     rec = recommend(pred, level)
@@ -47,8 +52,17 @@ def run(ctx: StageContext) -> StageOutput:
     rec["sample_stop"] = [stop_reason(cfg, k, *sample[k], seen) if k in sample else "" for k in rec.kind]
     rec["runner_up_margin"] = [sample[k][0].margin if k in sample and sample[k][0] is not None else float("nan")
                                for k in rec.kind]
-    rows = rec.assign(**identity(ctx), level=level, prompt_ids=",".join(sorted(acc.prompt_id.unique())))
+    rows = rec.assign(**identity(ctx), level=level, prompt_ids=",".join(sorted(acc.prompt_id.unique())),
+                      trust=trust, trust_detail=detail)
     return summarize(rows, cfg)
+
+
+def retime_text(cfg: DictConfig) -> str:
+    """The command that measures the plan again, alone on the machine."""
+    from pipeline.jobs.results import hydra_overrides
+
+    given = [o for o in hydra_overrides() or [] if not o.startswith("force=")]
+    return "retime it alone on a quiet machine: python -m pipeline.run " + " ".join([*given, "force=true"]).strip()
 
 
 def describe(cfg: DictConfig) -> str:
@@ -104,6 +118,9 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
                        + (f"; highest other median {choice_text(runner.iloc[0])} {runner.iloc[0].predicted:.2f}" if len(runner) else "")
                        + (f"; best draft-model fixed k={int(fixed.loc[fixed.predicted.idxmax()].k)} "
                           f"{fixed.predicted.max():.2f}" if len(fixed) else "")
-                       + (f"; sample: {best.sample_stop}" if getattr(best, "sample_stop", "") else ""))
+                       + (f"; sample: {best.sample_stop}" if getattr(best, "sample_stop", "") else "")
+                       + (f"; {untrusted_text(best)}" if untrusted_text(best) else ""))
+    if untrusted_text(df.iloc[0]):
+        summary.append(f"{untrusted_text(df.iloc[0])}: {retime_text(cfg)}")
     summary.append("print it any time with: python -m analysis.recommend")
     return StageOutput(df, metrics, summary, arms)

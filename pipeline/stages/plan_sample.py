@@ -79,8 +79,9 @@ def engine_name(ctx) -> str:
 def grow_sample(ctx, acc: pd.DataFrame, run_more: Callable[[list[Prompt]], pd.DataFrame],
                 per_prompt_s: float) -> pd.DataFrame:
     """Add one prompt to each kind not settled yet (least settled first), round after round, while a kind is open and
-    its prompt fits the time left from the job's start (``ctx.started``): each priced at ``per_prompt_s``, the mean
-    cost of the first sample's prompts, or a later round's if dearer."""
+    its prompt fits the time left from the acceptance part's start (``ctx.part_started``: the sample's own time, not the
+    timing part's before it): each priced at ``per_prompt_s``, the mean cost of the first sample's prompts, or a later
+    round's if dearer."""
     cfg = ctx.cfg
     st = cfg.stage
     precision, cap, level = float(st.sample_precision), int(st.sample_max_prompts), float(st.level)
@@ -96,9 +97,10 @@ def grow_sample(ctx, acc: pd.DataFrame, run_more: Callable[[list[Prompt]], pd.Da
         open_kinds = {k: q for k, q in open_kinds.items() if q}
         if not open_kinds:
             return acc
-        fit = int((budget_s - (time.monotonic() - ctx.started)) // per_prompt_s)
+        began_sample = ctx.part_started or ctx.started
+        fit = int((budget_s - (time.monotonic() - began_sample)) // per_prompt_s)
         if fit < 1:
-            log.info(f"[acceptance] the plan's sample stops: the next prompt would end the job after "
+            log.info(f"[acceptance] the plan's sample stops: the next prompt would end its sample after "
                      f"{st.sample_budget_minutes} minutes (stage.sample_budget_minutes); open kinds: {sorted(open_kinds)}")
             return acc
         kinds = sorted(open_kinds, key=lambda k: (state[k].margin if state[k].margin == state[k].margin else 0.0))[:fit]

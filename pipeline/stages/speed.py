@@ -71,10 +71,15 @@ def run(ctx: StageContext) -> StageOutput:
     race = Race(names, PLAIN, kind_counts(ctx), int(st.rounds), bool(st.race), st.precision,
                 float(st.interval_level), st.budget_minutes, lambda arm, kind: arm_name(resolve(arm, kind, plan)))
     rows, block = [], 0
+    # One bar over the whole budget (every round's blocks): its time left is the job's at most; a kind the race
+    # stopped skips its blocks, so the bar jumps ahead.
+    progress = tqdm(total=int(st.rounds) * len(ctx.prompts), desc=f"speed {len(names)} arms, budget {int(st.rounds)} "
+                                                                 f"rounds", unit="block", leave=False)
     for r in range(int(st.rounds)):
-        for prompt in tqdm(ctx.prompts, desc=f"speed {len(names)} arms round {r}", leave=False):
+        for prompt in ctx.prompts:
             running = race.arms_for(prompt.kind)
             if not running:
+                progress.update(1)
                 continue
             ctx.load.sample()  # between blocks: the machine's load while the runs are timed
             order = rotated(running, cfg, block)
@@ -99,6 +104,8 @@ def run(ctx: StageContext) -> StageOutput:
                                                   for arm in order}):
                 log.info(line)
             block += 1
+            progress.update(1)
+    progress.close()
     race.finish()
     for row in rows:
         row["stopped_by"] = race.stopped_by(row["kind"], row.pop("_arm"))
