@@ -58,6 +58,16 @@ def test_a_plan_beside_a_busy_process_is_marked_untrusted_everywhere(tmp_path, b
 
 def test_trust_strict_refuses_to_plan_on_an_untrusted_timing(tmp_path, busy):
     cfg = make_cfg(tmp_path, *PLAN, "trust.strict=true")
-    with pytest.raises(ValueError, match=r"^trust.strict=true: the plan's measurements are untrusted \(timing: load"):
+    with pytest.raises(ValueError, match=r"^trust.strict=true: the plan's timing part is untrusted \(load: load average"):
         run_parts(cfg)
-    assert not output_path(cfg, "plan").exists()
+    assert not output_path(cfg, "timing").exists() and not output_path(cfg, "plan").exists()
+
+
+def test_trust_strict_refuses_a_plan_from_an_untrusted_timing_written_before(tmp_path, busy):
+    cfg = make_cfg(tmp_path, *PLAN)
+    run_parts(cfg)  # without strict: written, marked untrusted
+    output_path(cfg, "plan").unlink()
+    strict = make_cfg(tmp_path, *PLAN, "trust.strict=true")  # trust.strict is volatile: the same job
+    with pytest.raises(ValueError, match=r"^trust.strict=true: the plan's measurements are untrusted \(timing: load"):
+        run_parts(strict)
+    assert not output_path(strict, "plan").exists()

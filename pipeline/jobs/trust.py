@@ -27,6 +27,7 @@ CHECKED_STAGES = ("speed", "batch", "timing", "acceptance")
 # Stages that time nothing themselves but price what earlier parts of the job timed: their rows carry those parts'
 # verdict (the plan: its timing and acceptance parts), set by the stage.
 INHERITED_STAGES = ("plan",)
+PRICED_BY_PLAN = ("timing", "acceptance")
 log = logging.getLogger("speclab")
 
 
@@ -146,6 +147,9 @@ def check_job(part: str, out, cfg: DictConfig, load: LoadSampler, own_threads: i
     failed = job_checks(part, out.rows, out.metrics, arm_runs, cfg, load.samples, usable_cores(), own_threads)
     warn(part, failed)
     trust, detail = verdict(failed)
+    if failed and bool(cfg.trust.strict) and part in PRICED_BY_PLAN and "plan" in list(cfg.stage.parts):
+        raise ValueError(f"trust.strict=true: the plan's {part} part is untrusted ({detail}): nothing written; rerun "
+                         "it alone on a quiet machine")
     out.rows["trust"], out.rows["trust_detail"] = trust, detail  # the run's tag and description read them here
     return load.tags()
 
