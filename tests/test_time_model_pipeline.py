@@ -96,7 +96,8 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
     run_parts(held)
     assert not set(pd.read_parquet(output_path(held, "acceptance")).prompt_id) & set(acc.prompt_id)
     speed_cfg = make_cfg(tmp_path, "stage=speed", "stage.ks=[1,2]", "stage.arms=[{},{method:recommended}]", "stage.timing_repeats=2",
-                         "stage.timing_warmup=0", "stage.block_timing_repeats=2", "prompts.per_kind=2", *common)
+                         "stage.timing_warmup=0", "stage.block_timing_repeats=2", "prompts.per_kind=2",
+                         "stage.race=false", "stage.precision=null", "stage.rounds=1", *common)  # the fixed design
     run_parts(speed_cfg)
     runs = pd.read_parquet(output_path(speed_cfg, "speed"))
     # Each block's step times, taken before its runs: one value per block, shared by its rows.
@@ -119,7 +120,7 @@ def test_plan_recommends_speed_checks_it_and_the_time_model_is_validated(tmp_pat
     # and the recommendation, in blocks of three.
     confirm_cfg = make_cfg(tmp_path, "stage=speed", "stage.arms=[{method:best_fixed},{method:recommended}]",
                            "stage.block_timing_repeats=2", "stage.timing_repeats=2", "stage.timing_warmup=0",
-                           "prompts.per_kind=2", *common)
+                           "prompts.per_kind=2", "stage.race=false", "stage.precision=null", "stage.rounds=1", *common)
     run_parts(confirm_cfg)
     confirm = pd.read_parquet(output_path(confirm_cfg, "speed"))
     named, spec = best_fixed(runs), confirm[confirm.arm == "speculative"]
