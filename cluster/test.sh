@@ -29,10 +29,11 @@ source "$STATE/env.sh"
 echo "cluster test: services up in $(( $(date +%s) - t0 )) s"
 cluster/test_owner.sh "$STATE" || exit 1
 
-# The sweep (docs/cluster.md, step 3): 4 jobs, one SLURM array; two of them long enough to be cancelled while they run.
+# The sweep (docs/cluster.md, step 3): 4 jobs, one SLURM array; two of them long enough to be cancelled while they run
+# (the fixed design: a race would stop the 40-round jobs within a second on the tiny model).
 sweep() {
   .venv/bin/python -m pipeline.run -m +launcher=slurm_cpu pair=tiny_random prompts=smoke stage=speed \
-    'stage.ks=[1,2]' k=1,2 stage.rounds=1,40 max_new_tokens=8 campaign=cluster \
+    'stage.ks=[1,2]' k=1,2 stage.rounds=1,40 stage.race=false stage.precision=null max_new_tokens=8 campaign=cluster \
     outputs_dir="$SPECLAB_SHARED" mlflow.tracking_uri="$SPECLAB_TRACKING_URI" hydra.sweep.dir="$STATE/sweeps/$1"
 }
 t1=$(date +%s)
