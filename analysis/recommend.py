@@ -24,7 +24,7 @@ from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, mark
 from analysis.inputs import AnalysisError, read_stage_files, store_errors
 from speclab.specs.arms import Arm
 from store.best_fixed import BLOCK, BestFixed, best_fixed, exploratory_blocks, fixed_rows
-from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, block_ratios, kind_checks, track_record, untrusted_text
+from store.plan_check import COLUMNS as PLAN_CHECK_COLUMNS, SHORTFALL, block_ratios, kind_checks, track_record, retime_command, untrusted_text
 from store.plans import latest_plan, latest_plan_campaign
 
 GOALS = {"recommended vs best fixed": 1.0, "recommended vs transformers default": 1.3,
@@ -301,9 +301,7 @@ def retime_lines(outputs_dir: str, campaign: str, plan: pd.DataFrame) -> list[st
     for r in plan.drop_duplicates("pair").itertuples():
         if untrusted_text(r):
             meta = read_meta(stage_dir(outputs_dir, campaign, "plan") / f"{r.pair}-{r.config_hash}.parquet")
-            given = [o for o in meta.get("overrides") or [] if not o.startswith("force=")]
-            out.append(f"{r.pair}: the plan is {untrusted_text(r)}; retime it alone on a quiet machine: "
-                       f"python -m pipeline.run {' '.join([*given, 'force=true'])}")
+            out.append(f"{r.pair}: the plan is {untrusted_text(r)}; {retime_command(meta.get('overrides') or [])}")
     return out
 
 

@@ -32,6 +32,12 @@ def untrusted_text(row) -> str:
     return f"UNTRUSTED ({trust}: {getattr(row, 'trust_detail', '')})"
 
 
+def retime_command(overrides: list[str]) -> str:
+    """The command that measures a plan again from its job's overrides, to run alone on the machine."""
+    given = [o for o in overrides if not o.startswith("force=")]
+    return "retime it alone on a quiet machine: python -m pipeline.run " + " ".join([*given, "force=true"])
+
+
 def plan_prompts(plan: pd.DataFrame) -> set[str]:
     """The prompts a plan saw (its rows' ``prompt_ids``)."""
     return {p for ids in plan.prompt_ids.dropna().unique() for p in str(ids).split(",") if p}

@@ -122,8 +122,9 @@ def job_arms(ctx: StageContext, ks: list[int]) -> list[Arm]:
     if needs(entries, "best_fixed"):  # the exploratory check's best, named now
         found = campaign_best_fixed(cfg)
         best = (found.drafter, found.k)
-    published = published_configurations(cfg) if needs(entries, "published") else []
+    published = []
     if needs(entries, "published"):
+        published = published_configurations(cfg)
         log.info("speed: the published answer's configurations for pair "
                  f"{cfg.pair.name}: {published or 'none (no published answer for this pair: run dvc repro)'}")
     return expand_all(entries, job, best, published)

@@ -86,27 +86,25 @@ def comparison_lines(answer, pair: str, arms: list, level: float = 0.95) -> list
     that runs it. ``arms``: the job's per-kind ArmResults (speed stage)."""
     if answer is None or pair_campaign(answer, pair) is None:
         return []
-    measured: dict[str, list[tuple[str, PublishedFigure, dict]]] = {}
-    stopped: dict[tuple[str, str], str] = {}
+    measured: dict[str, list[tuple[str, PublishedFigure, dict, str]]] = {}
     for a in arms:
         kind, m = str(a.params.get("kind")), a.metrics
         if kind == "all" or "speedup" not in m or m["speedup"] != m["speedup"]:
             continue
         pub = published_figure(answer, pair, kind, a.label or a.name)
         if pub is not None:
-            measured.setdefault(kind, []).append((pub.config, pub, m))
-            stopped[kind, pub.config] = str(a.params["stopped_by"]) if "stopped_by" in a.params else ""
+            stopped = str(a.params["stopped_by"]) if "stopped_by" in a.params else ""
+            measured.setdefault(kind, []).append((pub.config, pub, m, stopped))
     best = {b.kind: b for b in published_best(answer, pair)}
     lines, missing = [], []
     for kind in dict.fromkeys([*measured, *best]):
         ran = measured[kind] if kind in measured else []
-        params = {config: why for (k, config), why in stopped.items() if k == kind}
         of_best = [r for r in ran if kind in best and r[0] == best[kind].config]
-        for config, pub, m in of_best or ran:
+        for config, pub, m, stopped in of_best or ran:
             what = "best" if of_best else "figure"
             said = agreement(pub.speedup, m["speedup_lo"], m["speedup_hi"], int(m["runs"]), float(m.get("level", level)))
-            if m["speedup_lo"] != m["speedup_lo"] and params[config].startswith("dropped"):
-                said = f"{DIFFERS} (slower here: it left this job's race, {params[config].removeprefix('dropped: ')})"
+            if m["speedup_lo"] != m["speedup_lo"] and stopped.startswith("dropped"):
+                said = f"{DIFFERS} (slower here: it left this job's race, {stopped.removeprefix('dropped: ')})"
             lines.append(f"published {what} for {kind}: {config} {pub.text()}; here {_here(m)}: {said}")
         if not of_best and kind in best:
             missing.append(best[kind])

@@ -17,8 +17,8 @@ from speclab.costs.planning import recommend
 from speclab.stats.intervals import prediction_size_needed
 from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, TRUST_FIELDS, identity
-from pipeline.jobs.trust import OK, UNCHECKED, inherited
-from store.plan_check import untrusted_text
+from pipeline.jobs.trust import inherited
+from store.plan_check import TRUSTED, retime_command, untrusted_text
 from pipeline.jobs.run_names import run_name
 from pipeline.stages.plan_sample import engine_name, kinds_settled, predictions, sample_looks, stop_reason, this_job
 
@@ -40,7 +40,7 @@ def run(ctx: StageContext) -> StageOutput:
     cfg = ctx.cfg
     timing, acc = (this_job(cfg, s) for s in NEEDS)
     trust, detail = inherited({"timing": timing, "acceptance": acc})
-    if trust not in (OK, UNCHECKED) and bool(cfg.trust.strict):
+    if trust not in TRUSTED and bool(cfg.trust.strict):
         raise ValueError(f"trust.strict=true: the plan's measurements are untrusted ({detail}): {retime_text(cfg)}")
     level = float(cfg.stage.level)
     pred = predictions(engine_name(ctx), timing, acc)
@@ -61,8 +61,7 @@ def retime_text(cfg: DictConfig) -> str:
     """The command that measures the plan again, alone on the machine."""
     from pipeline.jobs.results import hydra_overrides
 
-    given = [o for o in hydra_overrides() or [] if not o.startswith("force=")]
-    return "retime it alone on a quiet machine: python -m pipeline.run " + " ".join([*given, "force=true"]).strip()
+    return retime_command(hydra_overrides() or [])
 
 
 def describe(cfg: DictConfig) -> str:
