@@ -272,6 +272,32 @@ def test_each_planned_configuration_says_where_an_unseen_prompt_of_its_kind_fall
     assert "unseen prompt [2.00, 2.03] 60%" in printed
 
 
+def test_an_unseen_prompts_interval_holds_the_noise_of_the_adjacent_runs_that_measure_it():
+    """A check measures a prompt's speed-up as a ratio of two timed runs: plain itself reads 1 only within their noise
+    (measured 0.96-1.01 beside a plan's '1.00-1.00'), so every stated interval is widened by the noise the plan's own
+    timing part saw (its passes' quartiles over their repeats)."""
+    from scipy.stats import norm
+
+    from speclab.costs.planning import recommend, run_noise
+
+    timing = pd.DataFrame({"model": ["target", "target", "target", "draft", "target"],
+                           "context_len": [40, 40, 88, 40, 0],  # a prefill (context 0) and the draft do not count
+                           "median_s": [0.1, 0.2, 0.1, 0.01, 1.0], "q25_s": [0.098, 0.194, 0.097, 0.005, 0.5],
+                           "q75_s": [0.102, 0.206, 0.103, 0.02, 2.0]})
+    spreads = np.log([0.102 / 0.098, 0.206 / 0.194, 0.103 / 0.097]) / (2 * norm.ppf(0.75))
+    noise = run_noise(timing)
+    assert noise == pytest.approx(np.sqrt(2) * np.median(spreads))
+    quiet, noisy = (recommend(_predictions(4), level=0.9, noise=n) for n in (0.0, noise))
+    plain = noisy[noisy.drafter == "none"]
+    width = np.exp(norm.ppf(0.95) * noise)
+    assert plain.unseen_lo.to_numpy() == pytest.approx(1 / width) and plain.unseen_hi.to_numpy() == pytest.approx(width)
+    assert (plain.unseen_lo < 0.96).all() and (plain.unseen_hi > 1.01).all() and (plain.unseen_coverage == 0.9).all()
+    spec = noisy.drafter != "none"
+    assert noisy.unseen_lo[spec].to_numpy() == pytest.approx(quiet.unseen_lo[spec].to_numpy() / width)
+    assert noisy.unseen_hi[spec].to_numpy() == pytest.approx(quiet.unseen_hi[spec].to_numpy() * width)
+    assert run_noise(timing.iloc[:0]) == 0.0
+
+
 def test_the_check_says_how_many_unseen_prompts_fell_where_the_plan_said():
     from analysis.recommend import unseen_check
 

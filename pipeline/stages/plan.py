@@ -13,7 +13,7 @@ from pipeline.jobs.context import StageContext
 from store.records import make_schema
 from pipeline.engines.base import DEFAULT_ENGINE, engine_class
 from speclab.specs.arms import Arm
-from speclab.costs.planning import recommend
+from speclab.costs.planning import recommend, run_noise
 from speclab.stats.intervals import prediction_size_needed
 from pipeline.jobs.stage_output import ArmResult, StageOutput
 from pipeline.stages.shared import IDENTITY_FIELDS, TRUST_FIELDS, identity
@@ -44,7 +44,7 @@ def run(ctx: StageContext) -> StageOutput:
         raise ValueError(f"trust.strict=true: the plan's measurements are untrusted ({detail}): {retime_text(cfg)}")
     level = float(cfg.stage.level)
     pred = predictions(engine_name(ctx), timing, acc)
-    rec = recommend(pred, level)
+    rec = recommend(pred, level, run_noise(timing))
     precision = cfg.stage.get("sample_precision")
     state = kinds_settled(pred, rec, float(precision) if precision is not None else 0.0, level, sample_looks(cfg))
     seen = set(acc.prompt_id)

@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 from pipeline.engines.base import engine_class, engine_of
 from pipeline.jobs.identity import output_path
 from pipeline.prompts.sets import Prompt, load_prompts
-from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests
+from speclab.costs.error_split import price_runs
 from speclab.costs.sample_rule import looks
-from speclab.costs.planning import CONFIG_KEYS, Settled, calibrate, predict_runs, recommend, settled
+from speclab.costs.planning import CONFIG_KEYS, Settled, recommend, settled
 
 log = logging.getLogger("speclab")
 
@@ -36,10 +36,7 @@ def this_job(cfg: DictConfig, stage: str) -> pd.DataFrame:
 def predictions(engine: str, timing: pd.DataFrame, acc: pd.DataFrame) -> pd.DataFrame:
     """Every acceptance run's predicted speed-up: an engine whose rows are its loop's iterations (speclab's) by its
     time model, an engine of requests by its own costs and counters (calibrated on the plan's own requests)."""
-    if not engine_class(engine).counts_iterations:
-        costs = engine_costs(timing)
-        return predict_requests(costs, acc, fit_overheads(costs, acc))
-    return predict_runs(calibrate(timing, acc), acc)
+    return price_runs(timing, acc, acc, engine_class(engine).counts_iterations)
 
 
 def grows(cfg: DictConfig) -> bool:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from scipy.stats import norm
+
 from speclab.specs.arms import drafter_looks_up, drafter_runs_model
 from speclab.stats.estimators import alpha_hat
 from speclab.stats.intervals import median_ci, prediction_interval
@@ -23,6 +25,7 @@ RUN_KEYS = ["prompt_id", "kind", "drafter", "k_policy", "k"]
 CONFIG_KEYS = ["drafter", "k_policy", "k"]
 TRACE_COLUMNS = ["prompt_len", "length", "draft_fed", "draft_calls"]
 LOOP_TIMES = ["draft_s", "verify_s", "rollback_s", "total_s"]  # absent on replayed runs (stage.replay)
+IQR_PER_SD = 2 * norm.ppf(0.75)  # a normal's interquartile range in standard deviations (1.349)
 
 
 def pass_models(timing: pd.DataFrame) -> tuple[PassModel, PassModel]:
@@ -191,12 +194,34 @@ def settled(pred: pd.DataFrame, chosen: tuple, precision: float, level: float, l
     return Settled(tuple(configs[b.rival]), b.margin, b.prompts, is_settled(b, precision), b.rivals)
 
 
-def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
+def run_noise(timing: pd.DataFrame) -> float:
+    """The noise of one measured speed-up, a ratio of two adjacent runs, as a standard deviation of its log: each
+    timed target pass's spread over its repeats (its quartiles, as a normal's: IQR / 1.349 of the log), the median
+    over the timing part's passes, times sqrt(2) for a ratio of two runs. One pass's spread stands for a run's: the
+    passes of a run share the machine's state of that moment, so that noise does not average out over a run.
+    0 where the timing has no quartiles."""
+    t = timing[(timing.model == "target") & (timing.context_len > 0)] if len(timing) else timing
+    if not len(t) or "q25_s" not in t:
+        return 0.0
+    spread = (np.log(t.q75_s.to_numpy(float)) - np.log(t.q25_s.to_numpy(float))) / IQR_PER_SD
+    spread = spread[np.isfinite(spread)]
+    return float(np.sqrt(2) * np.median(spread)) if len(spread) else 0.0
+
+
+def widened(lo: float, hi: float, noise: float, level: float) -> tuple[float, float]:
+    """An interval for a prompt's speed-up widened by a measurement's noise (``run_noise``) at ``level``."""
+    w = float(np.exp(norm.ppf((1 + level) / 2) * noise))
+    return lo / w, hi * w
+
+
+def recommend(pred: pd.DataFrame, level: float = 0.9, noise: float = 0.0) -> pd.DataFrame:
     """Per kind (and 'all'), every configuration's median predicted speed-up over the sample prompts,
     its distribution-free interval at ``level`` (none from fewer prompts than it needs), where an *unseen* prompt of
     the kind falls (``unseen_lo``-``unseen_hi``, covering it with probability ``unseen_coverage``: at least ``level``
     from ``prediction_size_needed(level)`` prompts, the sample's range and its smaller coverage below that;
-    speclab.stats.intervals.prediction_interval), and the recommended one. Plain decoding is a candidate at exactly 1: where no
+    speclab.stats.intervals.prediction_interval; widened by ``noise``, the log-SD of a measured speed-up over its
+    adjacent plain run (``run_noise``), since a check measures each prompt in runs: plain itself reads 1 only within
+    that noise), and the recommended one. Plain decoding is a candidate at exactly 1: where no
     configuration is predicted to beat it, the advice is not to speculate.
 
     Over all kinds ('all') the recommendation is the *robust* configuration (the best worst case over every sample
@@ -207,7 +232,8 @@ def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
     pooled = pd.concat([pred, pred.assign(kind="all")], ignore_index=True) if pred.kind.nunique() > 1 else pred
     rows = [{"kind": kind, **PLAIN, "prompts": g.prompt_id.nunique(), "predicted": 1.0, "predicted_lo": 1.0,
              "predicted_hi": 1.0, "predicted_iid": 1.0, "alpha": float("nan"),
-             "unseen_lo": 1.0, "unseen_hi": 1.0, "unseen_coverage": 1.0}
+             **dict(zip(("unseen_lo", "unseen_hi"), widened(1.0, 1.0, noise, level))),
+             "unseen_coverage": level if noise > 0 else 1.0}
             for kind, g in pooled.groupby("kind", sort=True)]
     for (kind, drafter, policy, k), g in pooled.groupby(["kind", *CONFIG_KEYS], sort=True):
         med, lo, hi = median_and_interval(g.predicted.to_numpy(), level)
@@ -215,7 +241,8 @@ def recommend(pred: pd.DataFrame, level: float = 0.9) -> pd.DataFrame:
         rows.append({"kind": kind, "drafter": drafter, "k_policy": policy, "k": int(k), "prompts": g.prompt_id.nunique(),
                      "predicted": med, "predicted_lo": lo, "predicted_hi": hi,
                      "predicted_iid": float(g.predicted_iid.median()), "alpha": float(g.alpha.mean()),
-                     "unseen_lo": unseen.lo, "unseen_hi": unseen.hi, "unseen_coverage": unseen.coverage})
+                     **dict(zip(("unseen_lo", "unseen_hi"), widened(unseen.lo, unseen.hi, noise, level))),
+                     "unseen_coverage": unseen.coverage})
     out = pd.DataFrame(rows)
     out["rank"] = out.groupby("kind").predicted.rank(ascending=False, method="first").astype(int)
     cfg = pd.Series(list(zip(*(out[c] for c in CONFIG_KEYS))), index=out.index)
