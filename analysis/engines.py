@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.answer import ENGINE_NAMES, SPECLAB, config_label, verdict
+from analysis.answer import ENGINE_NAMES, SPECLAB, config_label, headline_row, verdict
 from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, read_stage_if_any,
                              read_table, run_script, save_csv, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
@@ -53,6 +53,7 @@ from store.files import atomic_write_text
 FOLDER = "engines"
 TABLES = ("summary", "predictions", "transfer")
 ALL = "all"
+METRICS_KEY = "engines_campaign"  # its `dvc metrics show` row: outputs/metrics/<params key>.json, as the answer's
 SUMMARY = ["pair", "engine", "kind", "plain_tokens_per_s", "plain_runs", "best", "pasted_flags", "speedup",
            "speedup_lo", "speedup_hi", "runs", "alpha", "predicted", "verdict"]
 PREDICTIONS = ["pair", "engine", "kind", "config", "draft", "runs", "alpha", "drafted_per_pass", "measured",
@@ -467,6 +468,12 @@ def metrics(tables: dict[str, pd.DataFrame]) -> dict:
     return _finite(out)
 
 
+def verdict_counts(summary: pd.DataFrame, campaign: str) -> dict:
+    """The engines line's row of ``dvc metrics show`` (outputs/metrics/engines_campaign.json): its pair x engine x
+    kind cells, how many say speculate, unclear, use plain or too few runs (analysis.answer.headline_row)."""
+    return headline_row(summary.assign(campaign=campaign), campaign)
+
+
 def _finite(data):
     """NaN (not measured) as null: JSON has no NaN."""
     if isinstance(data, dict):
@@ -506,6 +513,7 @@ def main() -> None:
         save_table(df, out / f"{name}.parquet")
         save_csv(df, out / f"{name}.csv")
     save_json(metrics(tables), Path(params["metrics_dir"]) / "detail" / "engines.json")
+    save_json(verdict_counts(tables["summary"], campaign), Path(params["metrics_dir"]) / f"{METRICS_KEY}.json")
     text = markdown(tables, campaign)
     atomic_write_text(out / "section.md", text)
     print(text)

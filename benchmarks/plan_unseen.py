@@ -7,13 +7,13 @@ prediction and the check's measurement, for the recommendation and every configu
 
 The runs (Qwen2.5-Coder bf16, the shipped Spec-Bench kinds, 48 new tokens; run alone on a quiet machine):
 
-    python -m pipeline.run +sweep=plan pair=qwen25_coder_bf16 prompts=spec_bench campaign=plan38 max_new_tokens=48
+    python -m pipeline.run +sweep=plan pair=qwen25_coder_bf16 prompts=spec_bench campaign=plan49 max_new_tokens=48
     python -m pipeline.run +sweep=check_plan pair=qwen25_coder_bf16 prompts=spec_bench prompts.skip_per_kind=8 \\
-        prompts.per_kind=4 campaign=plan38 max_new_tokens=48 'stage.ks=[2,4]' stage.rounds=2 \\
+        prompts.per_kind=4 campaign=plan49 max_new_tokens=48 'stage.ks=[2,4]' stage.rounds=2 \\
         'stage.arms=[{},{drafter:prompt_lookup,k_policy:fixed,ks:[4]},{drafter:hybrid,k_policy:fixed,ks:[4]},{method:recommended}]'
-    python -m pipeline.run +sweep=plan pair=qwen25_coder_bf16 prompts=spec_bench campaign=plan38 max_new_tokens=48 \\
+    python -m pipeline.run +sweep=plan pair=qwen25_coder_bf16 prompts=spec_bench campaign=plan49 max_new_tokens=48 \\
         prompts.skip_per_kind=8 prompts.per_kind=4 'stage.parts=[acceptance]' stage.sample_precision=null
-    python -m benchmarks.plan_unseen --campaign plan38
+    python -m benchmarks.plan_unseen --campaign plan49
 
 The third command is the plan's acceptance part alone, on the check's prompts (without it the split is not priced).
 Writes outputs/benchmarks/plan_unseen.parquet (one row per kind) and plan_error_split.parquet (one row per kind and
@@ -97,7 +97,7 @@ def split_text(r) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--campaign", default="plan38")
+    ap.add_argument("--campaign", default="plan49")
     args = ap.parse_args()
     params = load_params()
     rec = recommendation(params["outputs_dir"], args.campaign, bootstrap_settings(params))

@@ -158,6 +158,16 @@ def test_best_configuration_per_engine_with_llama_flags(tables):
     assert best.alpha == pytest.approx(0.5)
 
 
+def test_dvc_metrics_count_the_engines_lines_cells_without_a_verdict(tables):
+    """The first screen's engines line has its row in `dvc metrics show`: three runs a cell give no interval."""
+    from analysis.engines import verdict_counts
+
+    row = verdict_counts(tables["summary"], "eng")
+    assert (row["campaign"], row["answers"], row["too_few"], row["speculate"]) == ("eng", 2, 2, 0)
+    more = tables["summary"].assign(verdict="speculate")
+    assert verdict_counts(more, "eng")["too_few"] == 0 and verdict_counts(more, "eng")["speculate"] == 2
+
+
 def test_transfer_prices_one_engines_acceptance_with_the_others_costs(tables):
     tr = tables["transfer"]
     code = tr[tr.kind == "code"].set_index(["acceptance_of", "costs_of"])

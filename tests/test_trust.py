@@ -87,6 +87,41 @@ def test_load_sampler_tags_max_and_median(monkeypatch):
     assert s.tags() == {"load_max": "5.00", "load_median": "2.00", "load_samples": "3"}
 
 
+def test_other_processes_cpu_share_fails_the_load_check_beyond_what_the_job_leaves_free():
+    assert trust.check_other_cpu([0.1, 0.5], 2, own_threads=2) is None  # at the limit passes
+    failed = trust.check_other_cpu([0.1, 0.8], 2, own_threads=2)
+    assert failed.name == "load" and "0.80 cores busy" in failed.reason and "2 usable cores" in failed.reason
+    assert trust.check_other_cpu([1.2], 4, own_threads=2) is None and trust.check_other_cpu([], 2) is None
+
+
+def test_the_sampler_measures_other_processes_cpu_between_samples_a_second_apart(monkeypatch):
+    snaps = iter([trust.CpuSnapshot(0.0, 100.0, 10.0), trust.CpuSnapshot(0.5, 101.0, 10.5),  # too close: skipped
+                  trust.CpuSnapshot(10.0, 120.0, 22.0), trust.CpuSnapshot(20.0, 130.0, 32.0)])
+    monkeypatch.setattr(trust, "cpu_snapshot", lambda: next(snaps))
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    s = trust.LoadSampler()
+    for _ in range(4):
+        s.sample()
+    # 20 busy seconds over 10, 12 of them the job's: 0.8 cores; then the job alone
+    assert s.others == pytest.approx([0.8, 0.0]) and s.tags()["other_cpu_max"] == "0.80"
+
+
+def test_a_busy_process_beside_the_job_shows_at_once_where_the_load_average_lags():
+    """A real CPU-bound process for 2 seconds: the load average has barely moved, the CPU share has."""
+    import subprocess
+    import sys
+    import time
+
+    s = trust.LoadSampler()
+    s.sample()
+    # started through a shell that exits at once: an orphan, not the job's child (a server engine's would be its own)
+    subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'import time\nt = time.time()\nwhile time.time() - t < 2.5: "
+                                "pass' >/dev/null 2>&1 &"], check=True)
+    time.sleep(2.0)
+    s.sample()
+    assert s.others and s.others[0] > 0.6
+
+
 # ---- the limits are config, at the analysis's values, and leave earlier jobs' hashes alone ---------------
 
 def test_drift_limit_agrees_with_the_analysis_and_is_hash_neutral(tmp_path):
@@ -126,8 +161,10 @@ JOB = ("stage=speed", "prompts.kinds=[code]", "prompts.per_kind=3", "stage.timin
 
 
 def _fake_machine(monkeypatch, load: float, drift: float) -> None:
-    """The load average every sample reads, and step times after the runs ``drift`` times those before."""
+    """The load average every sample reads (and no CPU share: the test suite's other workers are not the job's
+    machine), and step times after the runs ``drift`` times those before."""
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(trust, "cpu_snapshot", lambda: None)
     calls = []
 
     def step_times(ctx, ks, progress=None):

@@ -3,7 +3,9 @@ a plan carries the verdict of the timing and acceptance parts it priced (``inher
 
 Four checks, each a pure function that returns None (passed) or a ``Failed`` with a one-line reason:
 drift (step times before/after the runs differ by more than the analysis's limit), load (the load
-average sampled during the job rose above the usable cores), runs (an arm has fewer runs than an
+average sampled during the job rose above the usable cores, or other processes kept more of the CPU busy between two
+samples than the job leaves free: the load average lags a minute, so a short part beside a busy process reads
+calm), runs (an arm has fewer runs than an
 interval needs) and placement (parameters off the configured device, or the device out of memory:
 ``speclab.decoding.timing.memory_placement``, recorded in every row's ``memory_trusted``). A value exactly at
 its limit passes. The job's verdict is the tag and Parquet column ``trust``: ``ok`` or the failed
@@ -15,7 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import psutil
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -84,34 +90,89 @@ def verdict(failed: list[Failed]) -> tuple[str, str]:
     return (",".join(f.name for f in failed) or OK), "; ".join(f.reason for f in failed)
 
 
+def check_other_cpu(others: list[float], cores: int, own_threads: int = 0) -> Failed | None:
+    """``others``: the cores other processes kept busy between consecutive samples (``LoadSampler.others``). Fails
+    when the most exceeds what the job leaves free plus ``LOAD_TOLERANCE``, as ``check_load``."""
+    seen = [x for x in others if x == x]
+    if not seen:
+        return None
+    room = max(cores - max(int(own_threads), 0), 0) + LOAD_TOLERANCE
+    if max(seen) > room:
+        return Failed("load", f"load: other processes kept {max(seen):.2f} cores busy during the job, above the "
+                              f"{room:g} that {cores} usable cores leave beside its {int(own_threads)} threads")
+    return None
+
+
+class CpuSnapshot(NamedTuple):
+    wall_s: float   # time.monotonic()
+    busy_s: float   # CPU seconds the whole machine spent busy (/proc/stat)
+    own_s: float    # CPU seconds of this process and its children (a server engine's processes are its own)
+
+
+def cpu_snapshot() -> CpuSnapshot | None:
+    """The machine's busy CPU seconds beside this job's own; None where /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+        me = psutil.Process()
+        own = sum(me.cpu_times()[:4])  # its threads, and its children that ended and were waited for
+        for child in me.children(recursive=True):
+            try:
+                own += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                pass
+    except (OSError, ValueError, psutil.Error):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle and iowait
+    return CpuSnapshot(time.monotonic(), (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK"), own)
+
+
+MIN_INTERVAL_S = 1.0  # a CPU share over less time is mostly the sampling's own jitter
+
+
 @dataclass
 class LoadSampler:
-    """1-minute load averages taken at the job's start, between its blocks or rounds, and at its end."""
+    """1-minute load averages taken at the job's start, between its blocks or rounds, and at its end; and between
+    consecutive samples (at least ``MIN_INTERVAL_S`` apart), the cores that processes other than the job's kept
+    busy (``others``), which, unlike the load average, shows a busy process from the first block."""
 
     samples: list[float] = field(default_factory=list)
+    others: list[float] = field(default_factory=list)
+    last: CpuSnapshot | None = None
 
     def sample(self) -> None:
         if hasattr(os, "getloadavg"):
             self.samples.append(float(os.getloadavg()[0]))
+        now = cpu_snapshot()
+        if now is None:
+            return
+        if self.last is None:
+            self.last = now
+        elif now.wall_s - self.last.wall_s >= MIN_INTERVAL_S:
+            other = (now.busy_s - self.last.busy_s) - (now.own_s - self.last.own_s)
+            self.others.append(max(other, 0.0) / (now.wall_s - self.last.wall_s))
+            self.last = now
 
     def tags(self) -> dict[str, str]:
-        """``load_max`` and ``load_median`` over the samples, and how many there were."""
+        """``load_max`` and ``load_median`` over the samples, how many there were, and the most cores other
+        processes kept busy between two of them (``other_cpu_max``)."""
         if not self.samples:
             return {}
         return {"load_max": f"{max(self.samples):.2f}", "load_median": f"{statistics.median(self.samples):.2f}",
-                "load_samples": str(len(self.samples))}
+                "load_samples": str(len(self.samples)),
+                **({"other_cpu_max": f"{max(self.others):.2f}"} if self.others else {})}
 
 
 def job_checks(part: str, rows: pd.DataFrame, metrics: dict[str, float], arm_runs: list[int], cfg: DictConfig,
-               loads: list[float], cores: int, own_threads: int = 0) -> list[Failed]:
+               loads: list[float], cores: int, own_threads: int = 0, others: list[float] = ()) -> list[Failed]:
     """The failed checks of a finished ``part`` job (speed, batch or timing): ``arm_runs`` the runs of each
-    compared arm (speed, batch), ``loads`` the load averages sampled while it ran and ``own_threads`` its compute
-    threads."""
+    compared arm (speed, batch), ``loads`` the load averages sampled while it ran, ``others`` the cores other
+    processes kept busy between those samples and ``own_threads`` its compute threads."""
     t = cfg.trust
     failed = []
     if part == "speed":  # batch and timing take no step times before and after their runs
         failed.append(check_drift(float(metrics.get("drift_ratio", float("nan"))), float(t.max_drift)))
-    failed.append(check_load(loads, cores, own_threads))
+    failed.append(check_load(loads, cores, own_threads) or check_other_cpu(list(others), cores, own_threads))
     if part == "timing":  # each time is the median of its repeats
         failed.append(check_runs(int(rows.samples.min()), int(t.min_runs), "repeats per timing"))
     elif arm_runs and part != "acceptance":  # an acceptance run's times calibrate; its count is the prompts'
@@ -144,7 +205,8 @@ def check_job(part: str, out, cfg: DictConfig, load: LoadSampler, own_threads: i
     if part not in CHECKED_STAGES:
         return load.tags()  # a stage of INHERITED_STAGES wrote its parts' verdict on its rows itself
     arm_runs = [int(a.metrics["runs"]) for a in out.arms if "runs" in a.metrics]
-    failed = job_checks(part, out.rows, out.metrics, arm_runs, cfg, load.samples, usable_cores(), own_threads)
+    failed = job_checks(part, out.rows, out.metrics, arm_runs, cfg, load.samples, usable_cores(), own_threads,
+                        load.others)
     warn(part, failed)
     trust, detail = verdict(failed)
     if failed and bool(cfg.trust.strict) and part in PRICED_BY_PLAN and "plan" in list(cfg.stage.parts):

@@ -113,8 +113,8 @@ def grow_sample(ctx, acc: pd.DataFrame, run_more: Callable[[list[Prompt]], pd.Da
 
 
 def margin_text(s: Settled) -> str:
-    if s.margin != s.margin:
-        return f"no bound from {s.prompts} prompt(s)"
+    if s.margin != s.margin or s.margin <= 0:  # 0: the corrected bound is unbounded below at this sample size
+        return f"no bound yet from {s.prompts} prompt(s)"
     return f"at least {s.margin:.3f} of its closest rival's speed-up, of {s.rivals}"
 
 

@@ -18,7 +18,10 @@ from speclab.stats.racing import DECIDED, PRECISION, RaceRule, look
 
 FIXED = "rounds"  # every block of stage.rounds ran: the fixed design (and every result stored before racing)
 BUDGET_ROUNDS, BUDGET_MINUTES = "budget: rounds", "budget: minutes"
-STOPS = {DECIDED: "decided: every other arm clearly slower than the leader",
+# "decided" ranks the arms by the mean of their paired log speed-ups (a t bound); the verdict reads the median's
+# distribution-free interval over plain, so a decided kind can still be unclear against plain: the line says so.
+STOPS = {DECIDED: "decided: every other arm clearly slower than the leader (by the mean; whether it beats plain is "
+                  "the verdict's interval)",
          PRECISION: "precision reached"}
 
 

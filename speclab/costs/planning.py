@@ -195,11 +195,13 @@ def settled(pred: pd.DataFrame, chosen: tuple, precision: float, level: float, l
 
 
 def run_noise(timing: pd.DataFrame) -> float:
-    """The noise of one measured speed-up, a ratio of two adjacent runs, as a standard deviation of its log: each
-    timed target pass's spread over its repeats (its quartiles, as a normal's: IQR / 1.349 of the log), the median
-    over the timing part's passes, times sqrt(2) for a ratio of two runs. One pass's spread stands for a run's: the
-    passes of a run share the machine's state of that moment, so that noise does not average out over a run.
-    0 where the timing has no quartiles."""
+    """The noise of one measured speed-up, a ratio of a run over its adjacent plain run, as a standard deviation of its
+    log: one target pass's spread over its repeats (its quartiles, as a normal's: IQR / 1.349 of the log; the median
+    over the timing part's target passes), times sqrt(2) for a ratio of two runs. Not divided by a run's passes:
+    adjacent runs differ by the machine's state over seconds, which a run's passes share. On this machine
+    (benchmarks/run_noise.py) a prompt's log speed-up varied across a speed job's rounds by an SD of median 0.052
+    (34 jobs, 10-90% 0.014-0.110), and this stated median 0.067 (35 timing jobs, 10-90% 0.030-0.186); divided by
+    a run's passes it would state a tenth of that. 0 where the timing has no quartiles."""
     t = timing[(timing.model == "target") & (timing.context_len > 0)] if len(timing) else timing
     if not len(t) or "q25_s" not in t:
         return 0.0
@@ -219,9 +221,9 @@ def recommend(pred: pd.DataFrame, level: float = 0.9, noise: float = 0.0) -> pd.
     its distribution-free interval at ``level`` (none from fewer prompts than it needs), where an *unseen* prompt of
     the kind falls (``unseen_lo``-``unseen_hi``, covering it with probability ``unseen_coverage``: at least ``level``
     from ``prediction_size_needed(level)`` prompts, the sample's range and its smaller coverage below that;
-    speclab.stats.intervals.prediction_interval; widened by ``noise``, the log-SD of a measured speed-up over its
-    adjacent plain run (``run_noise``), since a check measures each prompt in runs: plain itself reads 1 only within
-    that noise), and the recommended one. Plain decoding is a candidate at exactly 1: where no
+    speclab.stats.intervals.prediction_interval; widened at ``level`` by ``noise``, the log-SD of a measured speed-up
+    (``run_noise``): a check measures each prompt in adjacent runs, so plain itself reads 1 only within that noise),
+    and the recommended one. Plain decoding is a candidate at exactly 1: where no
     configuration is predicted to beat it, the advice is not to speculate.
 
     Over all kinds ('all') the recommendation is the *robust* configuration (the best worst case over every sample
