@@ -106,6 +106,23 @@ def test_the_sampler_measures_other_processes_cpu_between_samples_a_second_apart
     assert s.others == pytest.approx([0.8, 0.0]) and s.tags()["other_cpu_max"] == "0.80"
 
 
+def test_the_jobs_own_cpu_and_its_childrens_is_not_other_work():
+    """What the job burns itself, and what a child (a server engine's process) burned, count as its own."""
+    import subprocess
+    import sys
+    import time
+
+    before = trust.cpu_snapshot()
+    start = time.process_time()
+    while time.process_time() - start < 0.5:  # half a CPU second in this process
+        pass
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: "
+                                          "pass"], check=True)  # and half in a child, ended and waited for
+    after = trust.cpu_snapshot()
+    assert after.own_s - before.own_s >= 0.95
+    assert after.busy_s - before.busy_s >= 0.95  # the machine saw it busy too
+
+
 def test_a_busy_process_beside_the_job_shows_at_once_where_the_load_average_lags():
     """A real CPU-bound process for 2 seconds: the load average has barely moved, the CPU share has."""
     import subprocess
