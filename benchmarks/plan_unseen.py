@@ -28,8 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.common import bootstrap_settings, load_params, markdown_table
-from analysis.recommend import plan_summary, recommendation
-from analysis.recommend import other_plans, read_speed
+from analysis.recommend import other_plans, plan_summary, read_speed, recommendation
 from pipeline.engines.base import DEFAULT_ENGINE, engine_class
 from speclab.costs.error_split import price_runs, split
 from speclab.costs.planning import CONFIG_KEYS
