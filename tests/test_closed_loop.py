@@ -63,3 +63,14 @@ def test_ctrl_c_stops_sending_waits_for_the_requests_in_flight_and_keeps_them():
     got = [s.index for s in run.sent]
     assert got == list(range(len(got))) and 4 <= len(got) <= 8  # the first waves, and the ones in flight finished
     assert all(s.ended_s - s.started_s >= 0.09 for s in run.sent)
+
+
+def test_the_summary_is_output_tokens_over_the_loads_wall_time_and_latency_quantiles():
+    from pipeline.engines.closed_loop import LoadRun, Sent, summary
+
+    run = LoadRun(2, [Sent(0, 0, 0.0, 1.0, {"n": 10}), Sent(1, 1, 0.0, 2.0, {"n": 20}), Sent(2, 0, 1.0, 4.0, {"n": 30})],
+                  wall_s=4.0)
+    got = summary(run, lambda m: m["n"])
+    assert got == {"requests": 3.0, "tokens_per_s": 15.0, "latency_median_s": 2.0,
+                   "latency_p90_s": pytest.approx(2.8)}
+    assert summary(LoadRun(2), lambda m: m["n"])["tokens_per_s"] != summary(LoadRun(2), lambda m: m["n"])["tokens_per_s"]

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -83,3 +85,16 @@ def closed_loop(send: Callable[[int], Any], requests: int, concurrency: int) -> 
     if run.sent:
         run.wall_s = max(s.ended_s for s in run.sent) - min(s.started_s for s in run.sent)
     return run
+
+
+def summary(run: LoadRun, tokens: Callable[[Any], int]) -> dict[str, float]:
+    """A load's headline numbers: output tokens/s over all answered requests (``tokens`` reads a request's output
+    tokens from what ``send`` measured; their sum over the load's wall time), the median and 90th percentile of the
+    requests' end-to-end latency, and how many were answered. NaN where none was."""
+    if not run.sent or run.wall_s <= 0:
+        return {"requests": float(len(run.sent)), "tokens_per_s": float("nan"), "latency_median_s": float("nan"),
+                "latency_p90_s": float("nan")}
+    latency = np.array([s.ended_s - s.started_s for s in run.sent])
+    return {"requests": float(len(run.sent)),
+            "tokens_per_s": float(sum(tokens(s.measured) for s in run.sent) / run.wall_s),
+            "latency_median_s": float(np.median(latency)), "latency_p90_s": float(np.quantile(latency, 0.9))}
