@@ -69,18 +69,34 @@ def closed_loop(send: Callable[[int], Any], requests: int, concurrency: int) -> 
                 state["in_flight"] -= 1
                 run.sent.append(Sent(index, me, start, end, measured))
 
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
-    for t in threads:
-        t.start()
+    # Waited for on a count of our own, not Thread.join: a Ctrl-C that interrupts a join can leave the joined thread
+    # marked as ended while it still runs (bpo-45274), and its answer would be lost.
+    done = threading.Condition(lock)
+    state["clients"] = concurrency
+
+    def counted(me: int) -> None:
+        try:
+            client(me)
+        finally:
+            with done:
+                state["clients"] -= 1
+                done.notify_all()
+
+    for i in range(concurrency):
+        threading.Thread(target=counted, args=(i,), daemon=True).start()
+
+    def wait_all() -> None:
+        with done:
+            while state["clients"]:
+                done.wait(0.1)
+
     try:
-        for t in threads:
-            while t.is_alive():
-                t.join(0.1)
+        wait_all()
     except KeyboardInterrupt:  # stop sending; the requests in flight end on their own timeouts
         stop.set()
-        run.stopped = run.stopped or "interrupted (Ctrl-C): no request sent after it"
-        for t in threads:
-            t.join()
+        with lock:
+            run.stopped = run.stopped or "interrupted (Ctrl-C): no request sent after it"
+        wait_all()
     run.sent.sort(key=lambda s: s.index)
     if run.sent:
         run.wall_s = max(s.ended_s for s in run.sent) - min(s.started_s for s in run.sent)
