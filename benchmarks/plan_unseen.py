@@ -30,8 +30,8 @@ import pandas as pd
 from analysis.common import bootstrap_settings, load_params, markdown_table
 from analysis.recommend import other_plans, plan_summary, read_speed, recommendation
 from pipeline.engines.base import DEFAULT_ENGINE, engine_class
-from speclab.costs.error_split import price_runs, split
-from speclab.costs.planning import CONFIG_KEYS
+from speclab.costs.error_split import split
+from speclab.costs.planning import CONFIG_KEYS, price_runs
 from store.layout import stage_dir
 from store.plan_check import SHORTFALL, plan_prompts
 from store.records import read_meta
@@ -121,7 +121,8 @@ def main() -> None:
     for r in table.itertuples():
         print(f"{r.kind}: sample {r.sample} ({r.sample_stop}); measured {r.measured:.2f} "
               f"{'inside' if r.measured_inside else 'OUTSIDE'} {r.unseen_lo:.2f}-{r.unseen_hi:.2f}; "
-              f"{r.vs_best:.2f} of {r.best_arm} ({r.vs_best_lo:.2f}-{r.vs_best_hi:.2f}): "
+              f"{r.vs_best:.2f} of {r.best_arm} "
+              + (f"({r.vs_best_lo:.2f}-{r.vs_best_hi:.2f}): " if r.vs_best_lo == r.vs_best_lo else "(no interval): ")
               + ("holds" if r.holds else f"below {SHORTFALL}: a miss")
               + split_text(r))
     print(f"plan job: {table.plan_minutes.iloc[0]:.1f} minutes; every kind inside: {bool(table.measured_inside.all())}; "

@@ -44,46 +44,41 @@ def closed_loop(send: Callable[[int], Any], requests: int, concurrency: int) -> 
         raise ValueError(f"concurrency {concurrency} and requests {requests} are not allowed: need both at least 1")
     run = LoadRun(concurrency)
     lock, stop = threading.Lock(), threading.Event()
-    state = {"next": 0, "in_flight": 0}
-    began = time.perf_counter()
-
-    def client(me: int) -> None:
-        while not stop.is_set():
-            with lock:
-                if state["next"] >= requests:
-                    return
-                index, state["next"] = state["next"], state["next"] + 1
-                state["in_flight"] += 1
-                run.most_in_flight = max(run.most_in_flight, state["in_flight"])
-            start = time.perf_counter() - began
-            try:
-                measured = send(index)
-            except Exception as exc:  # a dead server: no client sends again; what was answered stays
-                with lock:
-                    state["in_flight"] -= 1
-                    run.stopped = run.stopped or f"request {index} failed: {type(exc).__name__}: {exc}"
-                stop.set()
-                return
-            end = time.perf_counter() - began
-            with lock:
-                state["in_flight"] -= 1
-                run.sent.append(Sent(index, me, start, end, measured))
-
+    state = {"next": 0, "in_flight": 0, "clients": concurrency}
     # Waited for on a count of our own, not Thread.join: a Ctrl-C that interrupts a join can leave the joined thread
     # marked as ended while it still runs (bpo-45274), and its answer would be lost.
     done = threading.Condition(lock)
-    state["clients"] = concurrency
+    began = time.perf_counter()
 
-    def counted(me: int) -> None:
+    def client(me: int) -> None:
         try:
-            client(me)
+            while not stop.is_set():
+                with lock:
+                    if state["next"] >= requests:
+                        return
+                    index, state["next"] = state["next"], state["next"] + 1
+                    state["in_flight"] += 1
+                    run.most_in_flight = max(run.most_in_flight, state["in_flight"])
+                start = time.perf_counter() - began
+                try:
+                    measured = send(index)
+                except Exception as exc:  # a dead server: no client sends again; what was answered stays
+                    with lock:
+                        state["in_flight"] -= 1
+                        run.stopped = run.stopped or f"request {index} failed: {type(exc).__name__}: {exc}"
+                    stop.set()
+                    return
+                end = time.perf_counter() - began
+                with lock:
+                    state["in_flight"] -= 1
+                    run.sent.append(Sent(index, me, start, end, measured))
         finally:
             with done:
                 state["clients"] -= 1
                 done.notify_all()
 
     for i in range(concurrency):
-        threading.Thread(target=counted, args=(i,), daemon=True).start()
+        threading.Thread(target=client, args=(i,), daemon=True).start()
 
     def wait_all() -> None:
         with done:

@@ -21,9 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import psutil
-
 import pandas as pd
+import psutil
 from omegaconf import DictConfig
 
 from pipeline.tracking.machine import usable_cores
@@ -56,6 +55,12 @@ def check_drift(ratio: float, max_ratio: float) -> Failed | None:
 LOAD_TOLERANCE = 0.5
 
 
+def free_room(cores: int, own_threads: int) -> float:
+    """The other work the machine absorbs beside a job of ``own_threads`` compute threads: the cores they leave
+    free, plus ``LOAD_TOLERANCE``."""
+    return max(cores - max(int(own_threads), 0), 0) + LOAD_TOLERANCE
+
+
 def check_load(loads: list[float], cores: int, own_threads: int = 0) -> Failed | None:
     """``loads``: 1-minute load averages sampled during the job, which count the job's own ``own_threads``
     compute threads. Fails when the rest, the other work, exceeds the cores the job leaves free plus
@@ -64,7 +69,7 @@ def check_load(loads: list[float], cores: int, own_threads: int = 0) -> Failed |
     if not seen:
         return None
     own = max(int(own_threads), 0)
-    other, room = max(seen) - own, max(cores - own, 0) + LOAD_TOLERANCE
+    other, room = max(seen) - own, free_room(cores, own)
     if other > room:
         return Failed("load", f"load: load average reached {max(seen):.2f} during the job: {other:.2f} beyond its own "
                               f"{own} threads, above the {room:g} that {cores} usable cores leave for other work")
@@ -96,7 +101,7 @@ def check_other_cpu(others: list[float], cores: int, own_threads: int = 0) -> Fa
     seen = [x for x in others if x == x]
     if not seen:
         return None
-    room = max(cores - max(int(own_threads), 0), 0) + LOAD_TOLERANCE
+    room = free_room(cores, own_threads)
     if max(seen) > room:
         return Failed("load", f"load: other processes kept {max(seen):.2f} cores busy during the job, above the "
                               f"{room:g} that {cores} usable cores leave beside its {int(own_threads)} threads")

@@ -17,9 +17,8 @@ from omegaconf import DictConfig
 from pipeline.engines.base import engine_class, engine_of
 from pipeline.jobs.identity import output_path
 from pipeline.prompts.sets import Prompt, load_prompts
-from speclab.costs.error_split import price_runs
 from speclab.costs.sample_rule import looks
-from speclab.costs.planning import CONFIG_KEYS, Settled, recommend, settled
+from speclab.costs.planning import CONFIG_KEYS, Settled, price_runs, recommend, settled
 
 log = logging.getLogger("speclab")
 

@@ -15,30 +15,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests
-from speclab.costs.planning import CONFIG_KEYS, calibrate, predict_runs
+from speclab.costs.planning import CONFIG_KEYS
 
 COLUMNS = ["kind", *CONFIG_KEYS, "predicted", "priced_unseen", "measured", "prompts", "sample_error", "model_error",
            "model_error_lo", "model_error_hi"]
 
 
-def price_runs(timing: pd.DataFrame, calibration: pd.DataFrame, acc: pd.DataFrame,
-               counts_iterations: bool = True) -> pd.DataFrame:
-    """Every acceptance run of ``acc`` priced by the time model fitted on ``timing`` and ``calibration`` (acceptance
-    rows whose measured loop times or requests set the overheads): a plan's own rows price its sample's runs (the
-    plan) or other prompts' runs (its price for an unseen prompt). ``counts_iterations``: rows are a loop's
-    iterations (speclab's engine); else an engine's requests, priced by its costs and counters."""
-    if not counts_iterations:
-        costs = engine_costs(timing)
-        return predict_requests(costs, acc, fit_overheads(costs, calibration))
-    return predict_runs(calibrate(timing, calibration), acc)
-
-
 def split(predicted: pd.DataFrame, priced: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
     """Per kind and configuration of ``predicted`` (the plan's rows: kind, drafter, k_policy, k, predicted):
-    ``priced`` (``price_runs`` on unseen prompts: prompt_id, kind, configuration, predicted) and ``measured``
-    (prompt_id, kind, configuration, measured: a prompt's median speed-up over its adjacent plain runs), both on the
-    same unseen prompts. ``model_error_lo``/``_hi``: the range of the paired per-prompt model errors."""
+    ``priced`` (``speclab.costs.planning.price_runs`` on unseen prompts: prompt_id, kind, configuration, predicted)
+    and ``measured`` (prompt_id, kind, configuration, measured: a prompt's median speed-up over its adjacent plain
+    runs), both on the same unseen prompts. ``model_error_lo``/``_hi``: the range of the paired per-prompt model errors."""
     keys = ["prompt_id", "kind", *CONFIG_KEYS]
     both = measured[keys + ["measured"]].merge(priced[keys + ["predicted"]].rename(columns={"predicted": "priced"}),
                                                on=keys)

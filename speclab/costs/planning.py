@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
 from scipy.stats import norm
 
+from speclab.costs.engine_plan import engine_costs, fit_overheads, predict_requests
 from speclab.specs.arms import drafter_looks_up, drafter_runs_model
 from speclab.stats.estimators import alpha_hat
 from speclab.stats.intervals import median_ci, prediction_interval
@@ -111,6 +111,18 @@ def predict_runs(model: TimeModel, acc: pd.DataFrame) -> pd.DataFrame:
                      "predicted_iid": model.iid(a, k, tr.uses_model) if key[3] == "fixed" and a == a else np.nan,
                      "plain_s": plain.total, "spec_s": spec.total, **{f"{p}_s": spec.parts[p] for p in PARTS}})
     return pd.DataFrame(rows)
+
+
+def price_runs(timing: pd.DataFrame, calibration: pd.DataFrame, acc: pd.DataFrame,
+               counts_iterations: bool = True) -> pd.DataFrame:
+    """Every acceptance run of ``acc`` priced by the time model fitted on ``timing`` and ``calibration`` (acceptance
+    rows whose measured loop times or requests set the overheads): a plan's own rows price its sample's runs (the
+    plan) or other prompts' runs (its price for an unseen prompt). ``counts_iterations``: rows are a loop's
+    iterations (speclab's engine); else an engine's requests, priced by its costs and counters."""
+    if not counts_iterations:
+        costs = engine_costs(timing)
+        return predict_requests(costs, acc, fit_overheads(costs, calibration))
+    return predict_runs(calibrate(timing, calibration), acc)
 
 
 def predict_at_blocks(model: TimeModel, acc: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
