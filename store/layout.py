@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-STAGES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch", "plan")
+STAGES = ("timing", "acceptance", "speed", "divergence", "distribution", "batch", "plan", "load")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a campaign or pair name
 NAME_RULE = "letters, digits, '_', '.', '-' (up to 64 characters, no '/')"
 

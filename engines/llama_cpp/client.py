@@ -121,28 +121,31 @@ class LlamaCppEngine:
         self.log_dir = Path(log_dir) if log_dir else None
         self._servers: dict[tuple, LlamaServer] = {}
 
-    def _spec(self, model: str, args: list[str], port_offset: int) -> ServerSpec:
+    def _spec(self, model: str, args: list[str], port_offset: int, slots: int = 1) -> ServerSpec:
         s = self.settings
         return ServerSpec(binary=s.binary, model=model, args=(*args, *s.extra_args), threads=s.threads,
                           ctx_size=s.ctx_size, port=s.port + port_offset if s.port else 0,
-                          startup_timeout_s=s.startup_timeout_s)
+                          startup_timeout_s=s.startup_timeout_s, slots=slots)
 
-    def server(self, arm: Arm = PLAIN, role: str = "target") -> LlamaServer:
-        """The server of a configuration (``role`` draft: the draft model alone), started on first use."""
+    def server(self, arm: Arm = PLAIN, role: str = "target", slots: int = 1) -> LlamaServer:
+        """The server of a configuration with ``slots`` slots (``role`` draft: the draft model alone), started on
+        first use."""
         model = self.draft if role == "draft" else self.target
         if model is None:
             raise ValueError("this llama.cpp engine has no draft GGUF file")
         args = [] if role == "draft" else flags(arm, self.draft)
-        key = (model, tuple(args))
+        key = (model, tuple(args)) + ((slots,) if slots != 1 else ())
         if key not in self._servers:
-            name = "llama-server (" + (" ".join(args) if args else f"{role} alone") + ")"
-            self._servers[key] = LlamaServer(self._spec(model, args, len(self._servers)), name, self.log_dir).start()
+            name = "llama-server (" + (" ".join(args) if args else f"{role} alone") + (
+                f", --parallel {slots}" if slots != 1 else "") + ")"
+            spec = self._spec(model, args, len(self._servers), slots)
+            self._servers[key] = LlamaServer(spec, name, self.log_dir).start()
         return self._servers[key]
 
     def generate(self, arm: Arm, ids: list[int], n_new: int, sampling: dict[str, Any] | None = None,
-                 n_probs: int = 0) -> EngineRun:
-        """One request for up to ``n_new`` tokens after ``ids``, by the server of ``arm``."""
-        server = self.server(arm)
+                 n_probs: int = 0, slots: int = 1) -> EngineRun:
+        """One request for up to ``n_new`` tokens after ``ids``, by the server of ``arm`` with ``slots`` slots."""
+        server = self.server(arm, slots=slots)
         payload = {"prompt": [int(t) for t in ids], "n_predict": int(n_new), "cache_prompt": self.settings.cache_prompt,
                    "return_tokens": True, "stream": False, **(sampling or sampling_payload(False, 1, 0, 1, 0))}
         if n_probs:

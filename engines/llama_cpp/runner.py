@@ -180,6 +180,23 @@ class LlamaRunner(ServerEngine):
         r = self.engine.generate(arm, ids[0].tolist(), int(ctx.cfg.max_new_tokens), sampling, n_probs)
         return result_of(r, bool(n_probs))
 
+    # -- a load: one server per configuration and slot count (--parallel) ----------------------------------------------
+    def prepare_load(self, ctx, arm: Arm, concurrency: int) -> None:
+        """The server of ``arm`` with ``concurrency`` slots, started here (the main thread) and answering once."""
+        self.engine.generate(arm, ctx.inputs[ctx.prompts[0].id][0].tolist(), 4, sampling_payload(False, 1, 0, 1, 0),
+                             slots=concurrency)
+
+    def load_request(self, ctx, arm: Arm, ids: torch.Tensor, concurrency: int) -> RequestResult:
+        r = self.engine.generate(arm, ids[0].tolist(), int(ctx.cfg.max_new_tokens), self.sampling(ctx.cfg, None),
+                                 slots=concurrency)
+        return result_of(r, False)
+
+    @classmethod
+    def load_switch(cls, arm: Arm, up_to: int) -> str:
+        """llama-server's speculation is per server, not per load: the slot count at which to drop the draft."""
+        return (f"llama-server --parallel N with {llama_arms.pasted_flags(arm)} while N <= {up_to}; above {up_to} "
+                "slots, no --spec-* flags")
+
     def speculative_arm(self, ctx, k: int) -> Arm:
         """The draft model's configuration at k (divergence compares it with the plain server)."""
         return llama_arms.arm("model", k)

@@ -25,10 +25,12 @@ class ServerSpec:
     port: int = 0                   # 0: a free port chosen here
     startup_timeout_s: float = 180.0
     request_timeout_s: float = 600.0
+    slots: int = 1                  # --parallel: requests decoded together, each with a context of ctx_size
 
     def argv(self, port: int) -> list[str]:
         return [self.binary, "-m", self.model, "--host", HOST, "--port", str(port), "-t", str(self.threads),
-                "-tb", str(self.threads), "-c", str(self.ctx_size), "--parallel", "1", "--no-webui",
+                "-tb", str(self.threads), "-c", str(self.ctx_size * self.slots), "--parallel", str(self.slots),
+                "--no-webui",
                 "--cache-ram", "0", *self.args]
 
 

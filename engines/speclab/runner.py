@@ -398,6 +398,11 @@ class SpeclabRunner(Engine):
                              accepted=sum(i.accepted for i in r.iterations), passes=len(loop) if r.iterations else None,
                              accepted_per_pos=per_position(r), loop=_breakdown(r))
 
+    def serve_load(self, ctx: StageContext, arm: Arm, inputs: list, concurrency: int):
+        """Waves of ``concurrency`` requests through the batched loop (engines/speclab/load.py)."""
+        from engines.speclab.load import serve_waves
+        return serve_waves(ctx, arm, inputs, concurrency)
+
     def acceptance_runs(self, ctx: StageContext, prompts: list, ks: list[int], gen) -> list[AcceptanceRun]:
         return acceptance_runs(ctx, prompts, gen)
 

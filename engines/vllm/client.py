@@ -259,12 +259,14 @@ class VllmEngine:
         ids, extension = [int(t) for t in ids], [int(t) for t in extension]
         whole = -(-len(ids) // block) * block  # the context padded with its own tokens to whole blocks
         base = (ids * (whole // max(len(ids), 1) + 1))[:whole]
-        tokens = base + extension
         first: dict[int, list[float]] = {m: [] for m in sorted({1, *lengths})}
         for i in range(warmup + repeats):
-            for m in first:
+            for j, m in enumerate(first):
                 self._first_token_s(server, base, None)  # the context cached
-                t = self._first_token_s(server, tokens[: len(base) + m], m)
+                # a pass of a whole block or more would be cached by the last repeat: each repeat's first new token
+                # differs (ids 100, 101, ...: in every vocabulary), so no block after the context matches
+                new = extension[:m] if m < block else [100 + i * len(first) + j] + extension[1:m]
+                t = self._first_token_s(server, base + new, m)
                 if i >= warmup:
                     first[m].append(t)
         step = statistics.median(self.decode_step_s(base, 16, max(repeats, 3), role))

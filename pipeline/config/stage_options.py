@@ -15,7 +15,8 @@ GROUPS = {"drafter": ModelDrafterConf, "k_policy": FixedKConf, "sampling": Sampl
 # What each stage part reads. timing: pass times of the two models; divergence: greedy decoding only;
 # distribution: the draft model's proposals sampled under the sampling group (do_sample forced on).
 USES = {"timing": (), "acceptance": tuple(GROUPS), "speed": tuple(GROUPS), "divergence": ("drafter", "k_policy"),
-        "distribution": ("sampling",), "batch": tuple(GROUPS), "plan": tuple(GROUPS)}
+        "distribution": ("sampling",), "batch": tuple(GROUPS), "plan": tuple(GROUPS),
+        "load": tuple(GROUPS)}
 
 
 def chosen(cfg: DictConfig) -> dict[str, str]:

@@ -16,7 +16,11 @@ An engine is one class (``Engine``), the ``_target_`` of its ``conf/engine/<name
   draft's) -> ``TimedPass`` list; ``step_times`` / ``block_step_times``: its target step, draft step and checks;
 - ``top_probs(ids, n, batch)``: the target's top-n probabilities of the next token (None: not given);
 - ``memory(ctx)``, ``model_sizes(ctx)``, ``weights(cfg)``, ``draft_name(cfg)``: the rows' columns about it;
-- ``check(cfg, parts)`` (a classmethod, before anything loads): refuse what it cannot run, one line.
+- ``check(cfg, parts)`` (a classmethod, before anything loads): refuse what it cannot run, one line;
+- ``serve_load(ctx, arm, inputs, concurrency)``: the load stage's closed loop of ``concurrency`` concurrent requests
+  (a server's slots or batch; speclab's loop: waves of one batch) -> ``LoadRun``, ``LoadRefused`` (one line) where it
+  cannot serve that load; ``load_switch(arm, up_to)``: its own setting that speculates up to that many concurrent
+  requests and not above (None: it has none).
 
 What an engine lacks it declares (``stage_parts``, ``counts_iterations``, ``recomputes_logits``, ``top_probs``
 returning None), never a stage testing its name. Stored rows name their engine (``engine`` column): a summary that
@@ -31,6 +35,7 @@ from typing import Any, ClassVar, NamedTuple
 from omegaconf import DictConfig
 
 from pipeline.config.engine_conf import DEFAULT
+from pipeline.engines.closed_loop import LoadRun, closed_loop
 from pipeline.config.schema import ENGINES as ENGINE_CONFS
 from speclab.measures.step_costs import PassTiming
 from speclab.specs.arms import Arm
@@ -43,6 +48,12 @@ ENGINES = {name: conf._target_ for name, conf in ENGINE_CONFS.items()}
 # otherwise): the machine's state at the time of the runs, for a time model priced at that state.
 BLOCK_STEP_FIELDS = ["block_target_step_s", "block_draft_step_s"]
 ITERATION_TIMES = ("draft", "verify", "rollback", "bookkeeping")
+
+
+class LoadRefused(ValueError):
+    """A load an engine cannot serve as configured, said in one line (what, and the setting that would allow it)."""
+
+    one_line = True
 
 
 @dataclass
@@ -231,6 +242,28 @@ class Engine:
         last ``batch`` tokens after the rest cached (0: one pass over all); None where the engine cannot give them."""
         return None
 
+    # -- a load of concurrent requests ------------------------------------------------------------------------------
+    def prepare_load(self, ctx, arm: Arm, concurrency: int) -> None:
+        """Start (from the job's main thread) and warm what serves ``concurrency`` concurrent requests of ``arm``;
+        ``LoadRefused`` (one line) where the engine cannot."""
+        raise LoadRefused(f"engine {self.name} cannot serve concurrent requests (load {concurrency} of {arm.label})")
+
+    def load_request(self, ctx, arm: Arm, ids, concurrency: int) -> RequestResult:
+        """One request of a load (called from several threads at once, after ``prepare_load``)."""
+        raise LoadRefused(f"engine {self.name} cannot serve concurrent requests")
+
+    def serve_load(self, ctx, arm: Arm, inputs: list, concurrency: int) -> LoadRun:
+        """``inputs`` (token ids, in order) sent by ``concurrency`` closed-loop clients; each Sent's ``measured`` is
+        the request's RequestResult."""
+        self.prepare_load(ctx, arm, concurrency)
+        return closed_loop(lambda i: self.load_request(ctx, arm, inputs[i], concurrency), len(inputs), concurrency)
+
+    @classmethod
+    def load_switch(cls, arm: Arm, up_to: int) -> str | None:
+        """The engine's own setting that speculates with ``arm`` up to ``up_to`` concurrent requests and decodes
+        plainly above (None: it has none)."""
+        return None
+
     # -- costs -------------------------------------------------------------------------------------------------------
     def time_passes(self, ctx, prompt_id: str, ids) -> list[TimedPass]:
         """The timing stage's passes after one prompt (``stage.pass_lengths`` after it and ``context_extra`` more
@@ -276,5 +309,6 @@ def rows_engine(df) -> str:
     return str(df.engine.iloc[0]) if "engine" in df and len(df) else DEFAULT_ENGINE
 
 
-__all__ = ["BLOCK_STEP_FIELDS", "DEFAULT_ENGINE", "ENGINES", "AcceptanceRun", "Engine", "RequestResult", "RunResult",
+__all__ = ["BLOCK_STEP_FIELDS", "DEFAULT_ENGINE", "ENGINES", "AcceptanceRun", "Engine", "LoadRefused", "LoadRun",
+           "RequestResult", "RunResult",
            "SamplerDraws", "StepTimes", "TimedPass", "engine_class", "engine_of", "loop_columns", "rows_engine"]

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from pipeline.tracking.machine import usable_cores
 
 OK, UNCHECKED = "ok", "unchecked"
-CHECKED_STAGES = ("speed", "batch", "timing", "acceptance")
+CHECKED_STAGES = ("speed", "batch", "timing", "acceptance", "load")
 # Stages that time nothing themselves but price what earlier parts of the job timed: their rows carry those parts'
 # verdict (the plan: its timing and acceptance parts), set by the stage.
 INHERITED_STAGES = ("plan",)
@@ -175,7 +175,7 @@ def job_checks(part: str, rows: pd.DataFrame, metrics: dict[str, float], arm_run
     processes kept busy between those samples and ``own_threads`` its compute threads."""
     t = cfg.trust
     failed = []
-    if part == "speed":  # batch and timing take no step times before and after their runs
+    if part in ("speed", "load"):  # batch and timing take no step times before and after their runs
         failed.append(check_drift(float(metrics.get("drift_ratio", float("nan"))), float(t.max_drift)))
     failed.append(check_load(loads, cores, own_threads) or check_other_cpu(list(others), cores, own_threads))
     if part == "timing":  # each time is the median of its repeats
