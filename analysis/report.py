@@ -18,6 +18,7 @@ from analysis import report_sentences as say
 from analysis.answer import read_answer, render
 from analysis.common import load_params, markdown_table, published_campaign, read_table, run_script, save_csv
 from analysis.engines import FOLDER as ENGINES, first_screen, read_tables as engine_tables
+from analysis.load import FOLDER as LOAD, first_screen as load_first_screen, read_tables as load_tables
 from analysis.figure_captions import CAPTIONS
 from analysis.inputs import AnalysisError, campaign_dir
 from analysis.recommend import record_text
@@ -154,6 +155,20 @@ def engines(params: dict) -> str:
                         os.path.relpath(section, params["outputs_dir"]))
 
 
+def under_load(params: dict) -> str:
+    """The under-load block under the engines' (analysis.load): a line per pair and engine; "" without the campaign."""
+    campaign = params.get("load_campaign")
+    if not campaign:
+        return ""
+    campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
+    section = Path(params["analysis_dir"]) / LOAD / "section.md"
+    if not section.is_file():
+        return (f"### Under load (campaign {campaign})\n\n_no section yet: run `python -m analysis.load` "
+                "(or `dvc repro`)_\n")
+    return load_first_screen(load_tables(params["analysis_dir"]), campaign,
+                             os.path.relpath(section, params["outputs_dir"]))
+
+
 def correctness(t: dict[str, pd.DataFrame]) -> dict[str, int]:
     """Counts for one line on each correctness check: greedy runs equal to plain, and the correct rule's
     rejections among the distribution tests."""
@@ -189,7 +204,7 @@ def context(params: dict) -> dict:
             "plan_campaign": params.get("plan_campaign") or tm_campaign, "full": f"analysis/{FULL_TABLES}",
             "answer": "\n".join(render(ans)) if ans is not None else
             "## The answer\n\n_not computed yet: run `python -m analysis.answer` (or `dvc repro`)_\n",
-            "engines": engines(params),
+            "engines": engines(params), "under_load": under_load(params),
             "why": say.why_numbers_differ(ans, t, read_table(out / "trees", "arms"), campaign,
                                           params.get("trees_campaign")),
             "cal": cal.iloc[0] if not cal.empty else None,

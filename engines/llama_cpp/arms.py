@@ -115,3 +115,9 @@ def pasted_flags(a: Arm | None, draft_name: str = "DRAFT.gguf") -> str:
     if a is None or a.method == "plain" or a.drafter in (NONE, ""):
         return "no speculation (no --spec-* flags)"
     return " ".join(flags(a, draft_name))
+
+
+def load_switch(a: Arm, up_to: int) -> str:
+    """llama-server speculates per server, not per load: the slot count at which to drop the draft."""
+    return (f"`llama-server --parallel N {pasted_flags(a)}` while N <= {up_to}; above {up_to} slots, no --spec-* "
+            "flags")

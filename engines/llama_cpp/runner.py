@@ -193,9 +193,7 @@ class LlamaRunner(ServerEngine):
 
     @classmethod
     def load_switch(cls, arm: Arm, up_to: int) -> str:
-        """llama-server's speculation is per server, not per load: the slot count at which to drop the draft."""
-        return (f"llama-server --parallel N with {llama_arms.pasted_flags(arm)} while N <= {up_to}; above {up_to} "
-                "slots, no --spec-* flags")
+        return llama_arms.load_switch(arm, up_to)
 
     def speculative_arm(self, ctx, k: int) -> Arm:
         """The draft model's configuration at k (divergence compares it with the plain server)."""

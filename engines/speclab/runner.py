@@ -305,11 +305,11 @@ def time_passes(ctx: StageContext, ids) -> list[TimedPass]:
         mem = memory_columns(ctx)  # where the weights are when this time is taken
         timed = [(n + e, t, role) for e in extras
                  for t in pass_times(model, ids, lengths, int(st.repeats), int(st.warmup), context_extra=e)]
-        if role == "target" and st.tree_nodes:
+        if role == "target" and st.get("tree_nodes"):  # keys of the timing stage (stage=load has neither)
             # model "target_tree": the verification of a tree of n nodes (pass_len n + 1), the 4D mask's path
             trees = tree_pass_times(model, ids, [int(x) for x in st.tree_nodes], int(st.repeats), int(st.warmup))
             timed += [(n, t, "target_tree") for t in trees]
-        if st.prefill:
+        if st.get("prefill"):
             # Context 0: a prefill of the first pass_len prompt tokens (n - 1 in a loop that prefills apart, n in
             # plain decoding; a merged prefill's prompt plus proposals is the fitted line a few tokens on).
             timed += [(0, t, role) for t in prefill_times(model, ids, sorted({max(n - 1, 1), n}), int(st.repeats),
@@ -397,6 +397,9 @@ class SpeclabRunner(Engine):
         return RequestResult(r.tokens, r.wall_s, prompt_s(r), r.wall_s - prompt_s(r), drafted=r.proposed,
                              accepted=sum(i.accepted for i in r.iterations), passes=len(loop) if r.iterations else None,
                              accepted_per_pos=per_position(r), loop=_breakdown(r))
+
+    def prepare_load(self, ctx: StageContext, arm: Arm, concurrency: int) -> None:
+        """Any load: its requests are one batch (memory permitting; the loop checks its shapes)."""
 
     def serve_load(self, ctx: StageContext, arm: Arm, inputs: list, concurrency: int):
         """Waves of ``concurrency`` requests through the batched loop (engines/speclab/load.py)."""

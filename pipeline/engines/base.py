@@ -246,7 +246,8 @@ class Engine:
     def prepare_load(self, ctx, arm: Arm, concurrency: int) -> None:
         """Start (from the job's main thread) and warm what serves ``concurrency`` concurrent requests of ``arm``;
         ``LoadRefused`` (one line) where the engine cannot."""
-        raise LoadRefused(f"engine {self.name} cannot serve concurrent requests (load {concurrency} of {arm.label})")
+        what = "plain decoding" if arm.method == "plain" else arm.label
+        raise LoadRefused(f"engine {self.name} cannot serve concurrent requests (load {concurrency} of {what})")
 
     def load_request(self, ctx, arm: Arm, ids, concurrency: int) -> RequestResult:
         """One request of a load (called from several threads at once, after ``prepare_load``)."""

@@ -77,12 +77,24 @@ def block_rows(run: LoadRun, prompts: list, plain_tokens: dict[int, list[int]] |
     return out
 
 
+def interleaved(prompts: list) -> list:
+    """The prompts with their kinds taken in turn (a, b, c, a, b, c, ...): every block of a few requests holds each
+    kind, so a kind's gain is measured in every block."""
+    kinds: dict[str, list] = {}
+    for p in prompts:
+        kinds.setdefault(p.kind, []).append(p)
+    lists = list(kinds.values())
+    return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
+
+
 def block_prompts(ctx: StageContext, load: int, round_: int) -> list:
-    """The prompts a block at ``load`` sends, in order: ``max(stage.requests, load)`` of the job's prompts, from where
-    the same load's block of the last round ended (so rounds cover the prompts), wrapping around."""
-    n = max(int(ctx.cfg.stage.requests), load)
-    start = (round_ * n) % len(ctx.prompts)
-    return [ctx.prompts[(start + i) % len(ctx.prompts)] for i in range(n)]
+    """The prompts a block at ``load`` sends, in order: ``max(stage.requests, 2 x load)`` of the job's prompts (two
+    requests a client at least: a client's second request starts while others are still decoding), kinds in turn,
+    from where the same load's block of the last round ended (so rounds cover the prompts), wrapping around."""
+    n = max(int(ctx.cfg.stage.requests), 2 * load)
+    order = interleaved(ctx.prompts)
+    start = (round_ * n) % len(order)
+    return [order[(start + i) % len(order)] for i in range(n)]
 
 
 def run(ctx: StageContext) -> StageOutput:

@@ -19,7 +19,7 @@ from speclab.stats.intervals import median_ci, runs_needed
 ALL = "all"
 GAIN_COLUMNS = ["label", "arm", "k", "drafter", "load", "block", "kind", "latency_gain", "throughput_gain",
                 "plain_latency_s", "latency_s", "plain_tokens_per_s", "tokens_per_s", "tpot_s", "plain_tpot_s",
-                "ttft_s", "plain_ttft_s", "new_tokens", "passes", "drafted", "accepted"]
+                "ttft_s", "plain_ttft_s", "requests", "new_tokens", "passes", "drafted", "accepted"]
 
 
 def _stream(rows: pd.DataFrame) -> float:
@@ -46,13 +46,14 @@ def block_gains(requests: pd.DataFrame, kinds: bool = False) -> pd.DataFrame:
                 plain_tps = float(p.block_tokens_per_s.iloc[0]) if whole else _stream(p)
                 first = s.iloc[0]
                 out.append({"label": label, "arm": first.arm, "k": int(first.k), "drafter": first.drafter,
-                            "load": int(load), "block": int(block), "kind": kind,
+                            "load": int(load), "block": block, "kind": kind,
                             "latency_gain": float(p.latency_s.median() / s.latency_s.median()),
                             "throughput_gain": tps / plain_tps, "plain_latency_s": float(p.latency_s.median()),
                             "latency_s": float(s.latency_s.median()), "plain_tokens_per_s": plain_tps,
                             "tokens_per_s": tps, "tpot_s": float(s.tpot_s.median()),
                             "plain_tpot_s": float(p.tpot_s.median()), "ttft_s": float(s.ttft_s.median()),
-                            "plain_ttft_s": float(p.ttft_s.median()), "new_tokens": int(s.new_tokens.sum()),
+                            "plain_ttft_s": float(p.ttft_s.median()), "requests": len(s),
+                            "new_tokens": int(s.new_tokens.sum()),
                             "passes": int(s.passes.sum()), "drafted": int(s.drafted.sum()),
                             "accepted": int(s.accepted.sum())})
     return pd.DataFrame(out, columns=GAIN_COLUMNS)
