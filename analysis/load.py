@@ -10,8 +10,10 @@ Per pair, engine, configuration, kind and load (``gains``): the latency gain (pl
 the configuration's) and the throughput gain (output tokens/s over plain's) of each block against the plain block
 beside it (speclab.stats.load_gains), their median over blocks with its 95% distribution-free interval, the
 acceptance (accepted / drafted) and the gains the time model predicts (speclab.costs.load_model: the job's own
-passes over n new tokens on one sequence, its tokens per target pass, plain's time to first token at that load),
-with the error predicted - measured.
+passes over n new tokens on one sequence, each request's tokens per target pass, its plain twin's times at that load),
+with the error predicted - measured. The model predicts each speculative request from its plain twin in the block
+beside it (its time to first token and per output token at that load), the job's passes and the request's own
+counters; the predicted gains aggregate those requests as the measured gains do (latency: medians; throughput: sums).
 
 Per pair, engine, configuration and kind (``break_even``): the load at which each gain reaches 1
 (speclab.stats.break_even: interpolated in log-log between the loads measured, a bootstrap interval over each load's
@@ -46,7 +48,8 @@ FIGURE = "load_speedup.png"
 SWITCHES = {llama_arms.ENGINE: llama_arms.load_switch, vllm_arms.ENGINE: vllm_arms.load_switch}
 GAINS = ["pair", "engine", "config", "kind", "load", "blocks", "latency_gain", "latency_lo", "latency_hi",
          "throughput_gain", "throughput_lo", "throughput_hi", "alpha", "tokens_per_pass", "plain_tokens_per_s",
-         "tokens_per_s", "plain_tpot_ms", "tpot_ms", "predicted", "latency_error", "throughput_error"]
+         "tokens_per_s", "plain_tpot_ms", "tpot_ms", "predicted", "predicted_throughput", "latency_error",
+         "throughput_error"]
 BREAK_EVEN = ["pair", "engine", "config", "kind", "gain", "load", "lo", "hi", "lo_open", "hi_open", "loads", "text"]
 RECOMMENDATION = ["pair", "engine", "kind", "config", "up_to", "largest_load", "text", "switch"]
 
@@ -69,33 +72,45 @@ def curves(passes: pd.DataFrame) -> dict[str, PassCurve]:
     return out
 
 
+def predicted_requests(req: pd.DataFrame, c: dict[str, PassCurve]) -> pd.DataFrame:
+    """Each speculative request's latency as the time model predicts it (speclab.costs.load_model) from its plain
+    twin (the same request in the plain block beside it: its time to first token and time per output token at
+    that load), the job's pass curves and its own counters (tokens over target passes)."""
+    out = []
+    if "target" not in c:
+        return pd.DataFrame(columns=["label", "load", "block", "kind", "request", "plain_s", "predicted_s"])
+    for (load, block), blk in req.groupby(["load", "block"], sort=False):
+        plain = blk[blk.arm == "plain"].set_index("request")
+        for r in blk[blk.arm != "plain"].itertuples():
+            if r.request not in plain.index or not 0 < r.passes <= r.new_tokens:
+                continue
+            twin = plain.loc[r.request]
+            draft = c.get("draft") if drafter_runs_model(str(r.drafter)) else None
+            p = predict_load(c["target"], draft, int(load), int(r.k), r.new_tokens / r.passes, float(r.new_tokens),
+                             float(twin.ttft_s), float(twin.tpot_s))
+            out.append({"label": r.label, "load": int(load), "block": block, "kind": r.kind, "request": r.request,
+                        "plain_s": float(twin.latency_s), "predicted_s": p.spec_latency_s})
+    return pd.DataFrame(out, columns=["label", "load", "block", "kind", "request", "plain_s", "predicted_s"])
+
+
 def job_gains(rows: pd.DataFrame) -> pd.DataFrame:
-    """Block gains of one job's rows, per kind and for all its kinds, with its predictions' inputs."""
+    """Block gains of one job's rows, per kind and for all its kinds, with the gains the time model predicts for the
+    same requests, aggregated as the measured ones are: latency over the medians, throughput over the sums (in a
+    closed loop a block's wall time is its requests' latencies over the load)."""
     req = rows[rows.measure == "request"]
     g = block_gains(req, kinds=True)
     if g.empty:
         return g
-    c = curves(rows[rows.measure == "pass"])
-    spec = req[req.arm != "plain"]
-    def per_pass(s: pd.DataFrame) -> float:
-        return float(s.new_tokens.sum() / s.passes.sum()) if s.passes.sum() else np.nan
-
-    tau = {**{(label, kind): per_pass(s) for (label, kind), s in spec.groupby(["label", "kind"])},
-           **{(label, ALL): per_pass(s) for label, s in spec.groupby("label")}}
-    first = {label: s.iloc[0] for label, s in spec.groupby("label")}
-    predicted = []
-    for r in g.itertuples():
-        row = first[r.label]
-        t = tau.get((r.label, r.kind), np.nan)
-        draft = c.get("draft") if drafter_runs_model(str(row.drafter)) else None
-        if "target" not in c or t != t or t < 1:
-            predicted.append(np.nan)
-            continue
-        n = r.new_tokens / r.requests
-        predicted.append(predict_load(c["target"], draft, int(r.load), int(row.k), float(t), float(n),
-                                      float(r.plain_ttft_s), float(r.plain_tpot_s)).latency_gain)
-    return g.assign(predicted=predicted, engine=str(req.engine.iloc[0]), pair=str(req.pair.iloc[0]),
-                    k_policy=[str(first[label].k_policy) for label in g.label])
+    pred = predicted_requests(req, curves(rows[rows.measure == "pass"]))
+    latency, throughput = {}, {}
+    for (label, load, block), b in pred.groupby(["label", "load", "block"], sort=False):
+        for kind, s in [(ALL, b), *b.groupby("kind")]:
+            latency[(label, load, block, kind)] = s.plain_s.median() / s.predicted_s.median()
+            throughput[(label, load, block, kind)] = s.plain_s.sum() / s.predicted_s.sum()
+    keys = list(zip(g.label, g.load, g.block, g.kind))
+    return g.assign(predicted=[latency.get(k, np.nan) for k in keys],
+                    predicted_throughput=[throughput.get(k, np.nan) for k in keys],
+                    engine=str(req.engine.iloc[0]), pair=str(req.pair.iloc[0]))
 
 
 def gains_table(blocks: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
@@ -105,6 +120,7 @@ def gains_table(blocks: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
         lat, lat_lo, lat_hi = gain_interval(g.latency_gain.to_numpy())
         thr, thr_lo, thr_hi = gain_interval(g.throughput_gain.to_numpy())
         pred = float(np.median(g.predicted)) if g.predicted.notna().any() else np.nan
+        pred_thr = float(np.median(g.predicted_throughput)) if g.predicted_throughput.notna().any() else np.nan
         out.append({"pair": pair, "engine": engine, "config": label, "kind": kind, "load": int(load),
                     "blocks": len(g), "latency_gain": lat, "latency_lo": lat_lo, "latency_hi": lat_hi,
                     "throughput_gain": thr, "throughput_lo": thr_lo, "throughput_hi": thr_hi,
@@ -113,7 +129,7 @@ def gains_table(blocks: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
                     "plain_tokens_per_s": float(g.plain_tokens_per_s.median()),
                     "tokens_per_s": float(g.tokens_per_s.median()), "plain_tpot_ms": 1e3 * float(g.plain_tpot_s.median()),
                     "tpot_ms": 1e3 * float(g.tpot_s.median()), "predicted": pred,
-                    "latency_error": pred - lat, "throughput_error": pred - thr})
+                    "predicted_throughput": pred_thr, "latency_error": pred - lat, "throughput_error": pred_thr - thr})
     return pd.DataFrame(out, columns=GAINS)
 
 
@@ -215,7 +231,8 @@ def figure(gains: pd.DataFrame, path: Path) -> None:
                     err = np.vstack([y - c[f"{what}_lo"].fillna(y), c[f"{what}_hi"].fillna(y) - y])
                     ax.errorbar(c.load * dx, y, yerr=err, marker=marker, ms=4, capsize=2, lw=1,
                                 label=f"{config}: {what}")
-                ax.plot(c.load, c.predicted, "k--", lw=1, label=f"{config}: predicted")
+                ax.plot(c.load, c.predicted, "k--", lw=1, label=f"{config}: latency predicted")
+                ax.plot(c.load, c.predicted_throughput, "k:", lw=1, label=f"{config}: throughput predicted")
             ax.axhline(1, color="grey", ls=":", lw=1)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{pair} · {engine_name(engine)} · {kind}", fontsize=8)
@@ -277,7 +294,8 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str, checks: pd.DataFram
              "model (speclab/costs/load_model.py: the engine's passes over n tokens on one sequence, the counters' "
              "tokens per pass), with the error predicted - measured:\n")
     s.append(markdown_table(g[["pair", "engine", "config", "kind", "load", "blocks", "latency", "throughput",
-                               "predicted", "latency_error", "throughput_error", "alpha", "tokens_per_pass",
+                               "predicted", "predicted_throughput", "latency_error", "throughput_error", "alpha",
+                               "tokens_per_pass",
                                "plain_tpot_ms", "tpot_ms"]], ".2f"))
     if not checks.empty:
         s.append("\nThe load generator at load 1 against the speed stage's runs of the same plain requests, right after "

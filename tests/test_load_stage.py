@@ -66,3 +66,42 @@ def test_an_engine_serves_a_load_through_the_closed_loop_or_refuses_it_in_one_li
         _Server().serve_load(None, PLAIN, [None] * 4, 3)
     with pytest.raises(LoadRefused, match="engine fake cannot serve concurrent requests"):
         _Refusing().serve_load(None, PLAIN, [None] * 4, 2)
+
+
+def test_every_block_holds_every_kind_and_rounds_move_on_through_the_prompts():
+    from types import SimpleNamespace
+    prompts = [SimpleNamespace(id=f"{k}{i}", kind=k) for k in ("prose", "code", "structured") for i in range(4)]
+    ctx = SimpleNamespace(prompts=prompts, cfg=SimpleNamespace(stage=SimpleNamespace(requests=4)))
+    first = load.block_prompts(ctx, 1, 0)
+    assert [p.id for p in first] == ["prose0", "code0", "structured0", "prose1"]
+    assert [p.id for p in load.block_prompts(ctx, 1, 1)] == ["code1", "structured1", "prose2", "code2"]
+    for c in (1, 2, 4, 8):
+        for r in range(6):
+            block = load.block_prompts(ctx, c, r)
+            assert len(block) == max(4, 2 * c) and {p.kind for p in block} == {"prose", "code", "structured"}
+
+
+@pytest.mark.parametrize("why, error", [("request 2 failed: ServerError: the server died", "LoadStopped"),
+                                        ("interrupted (Ctrl-C): no request sent after it", "KeyboardInterrupt")])
+def test_a_load_that_stops_is_no_finished_job_and_keeps_what_was_answered(tmp_path, monkeypatch, why, error):
+    from engines.speclab.runner import SpeclabRunner
+    from pipeline.engines.closed_loop import LoadStopped
+    served = SpeclabRunner.serve_load
+
+    def stops_at_load_3(self, ctx, arm, inputs, concurrency):
+        run = served(self, ctx, arm, inputs[:1] if concurrency == 3 else inputs, concurrency)
+        if concurrency == 3:
+            run.stopped = why
+        return run
+
+    monkeypatch.setattr(SpeclabRunner, "serve_load", stops_at_load_3)
+    cfg = make_cfg(tmp_path, "stage=load", "stage.concurrency=[1,3]", "stage.rounds=1", "stage.requests=2",
+                   "stage.pass_lengths=[1,3]", "stage.repeats=1", "stage.warmup=0", "stage.timing_repeats=1",
+                   "stage.timing_warmup=0", "stage.arms=[{drafter:model,ks:[2]}]", "pair.draft=copy")
+    with pytest.raises(LoadStopped if error == "LoadStopped" else KeyboardInterrupt, match="requests answered are kept"):
+        run_parts(cfg)
+    path = output_path(cfg, "load")
+    assert not path.exists()  # not filed as a finished job: a rerun measures it again
+    kept = pd.read_parquet(path.parent / "interrupted" / path.name)
+    req = kept[kept.measure == "request"]
+    assert set(req.load) == {1, 3} and (req[req.load == 3].stopped == why).all()

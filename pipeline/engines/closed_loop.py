@@ -18,6 +18,12 @@ from typing import Any
 import numpy as np
 
 
+class LoadStopped(RuntimeError):
+    """A load that ended before all its requests were answered (a dead server), said in one line."""
+
+    one_line = True
+
+
 @dataclass(frozen=True)
 class Sent:
     """One answered request: its index (the prompt), the client that sent it, its start and end on the load's clock

@@ -23,7 +23,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.engines.base import LoadRefused, RequestResult, engine_of
-from pipeline.engines.closed_loop import LoadRun
+from pipeline.engines.closed_loop import LoadRun, LoadStopped
 from pipeline.jobs.context import StageContext, generator, stage_ks
 from pipeline.jobs.run_names import run_name
 from pipeline.jobs.stage_output import ArmResult, StageOutput
@@ -166,12 +166,27 @@ def run(ctx: StageContext) -> StageOutput:
         df[f"target_step_{when}_s"] = t_step
         df[f"draft_step_{when}_s"] = d_step
         df[f"verify_{when}_s"] = df.k.map(verify).astype(float)
+    if stopped:
+        keep_answered(cfg, df, stopped)
     out = summarize(df, cfg)
     out.summary += [f"cannot serve: {line}" for line in dict.fromkeys(
         f"load {c}, {'plain' if a == PLAIN else a.label}: {why}" for (a, c), why in refused.items())]
-    if stopped:
-        out.summary.append(f"stopped: {stopped}")
     return out
+
+
+def keep_answered(cfg: DictConfig, df: pd.DataFrame, stopped: str) -> None:
+    """A load that stopped (Ctrl-C, a dead server) is no finished job: its answered requests are written beside the
+    stage's files, under interrupted/ (read by no analysis), and the job ends in one line naming them."""
+    from pipeline.jobs.identity import output_path
+    from store.files import atomic_write
+    path = output_path(cfg, "load")
+    kept = path.parent / "interrupted" / path.name
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(kept, lambda tmp: df.to_parquet(tmp, index=False))
+    said = f"{stopped}; the {int((df.measure == 'request').sum())} requests answered are kept in {kept}"
+    if "interrupted" in stopped:
+        raise KeyboardInterrupt(said)
+    raise LoadStopped(f"the load stopped at {said}")
 
 
 def pass_row(ctx: StageContext, t) -> dict:

@@ -56,6 +56,8 @@ class LoadPrediction:
     spec_token_s: float      # a speculative iteration over the tokens it yields a request
     latency_gain: float
     throughput_gain: float
+    plain_latency_s: float   # a request's time to first token plus its steps, plain
+    spec_latency_s: float    # and speculative
 
 
 def predict_load(target: PassCurve, draft: PassCurve | None, load: int, k: int, tokens_per_pass: float,
@@ -73,5 +75,6 @@ def predict_load(target: PassCurve, draft: PassCurve | None, load: int, k: int, 
     longest = min(max(target.tokens), max(draft.tokens)) if draft is not None else 0
     spec_ttft = ttft * (1 + draft(longest) / target(longest)) if draft is not None else ttft
     steps = new_tokens - 1
-    gain = (ttft + steps * plain) / (spec_ttft + steps * spec)
-    return LoadPrediction(load, plain, spec, gain, gain)
+    plain_latency, spec_latency = ttft + steps * plain, spec_ttft + steps * spec
+    gain = plain_latency / spec_latency
+    return LoadPrediction(load, plain, spec, gain, gain, plain_latency, spec_latency)
