@@ -3,8 +3,8 @@ them, and the recommendation per load.
 
     python -m analysis.load     (reads outputs/campaigns/<load_campaign>/load/; writes outputs/analysis/load/
                                  {gains,break_even,recommendation}.parquet and .csv, outputs/analysis/load/section.md,
-                                 outputs/figures/load_speedup.png, outputs/metrics/load_campaign.json and
-                                 outputs/metrics/detail/load.json)
+                                 outputs/figures/load_speedup.png, outputs/metrics/load_campaign.json (its
+                                 `dvc metrics show` row) and outputs/metrics/detail/load.json)
 
 Per pair, engine, configuration, kind and load (``gains``): the latency gain (plain's median end-to-end latency over
 the configuration's) and the throughput gain (output tokens/s over plain's) of each block against the plain block
@@ -22,14 +22,17 @@ blocks, open where it leaves the loads measured).
 Per pair, engine and kind (``recommendation``): the configuration with the largest throughput gain at the smallest
 load, "speculate with it up to N concurrent requests, plain above" with N the largest load up to which its
 throughput gain stays above 1, and the engine's own switch to paste (its ``load_switch``).
+Same concept, other floors: ``pipeline/stages/load.py``, ``engines/speclab/load.py``.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analysis.answer import headline_row
 from analysis.common import (load_params, markdown_table, read_stage_if_any, read_table, run_script, save_csv,
                              save_json, save_table)
 from analysis.inputs import AnalysisError, campaign_dir
@@ -39,6 +42,7 @@ from speclab.costs.load_model import PassCurve, predict_load
 from speclab.specs.arms import ENGINE_NAMES, Arm, drafter_runs_model
 from speclab.stats.break_even import break_even
 from speclab.stats.load_gains import ALL, block_gains, gain_interval
+from speclab.stats.verdict import verdict
 from store.files import atomic_write_text
 
 FOLDER = "load"
@@ -49,7 +53,7 @@ SWITCHES = {llama_arms.ENGINE: llama_arms.load_switch, vllm_arms.ENGINE: vllm_ar
 GAINS = ["pair", "engine", "config", "kind", "load", "blocks", "latency_gain", "latency_lo", "latency_hi",
          "throughput_gain", "throughput_lo", "throughput_hi", "alpha", "tokens_per_pass", "plain_tokens_per_s",
          "tokens_per_s", "plain_tpot_ms", "tpot_ms", "predicted", "predicted_throughput", "latency_error",
-         "throughput_error"]
+         "throughput_error", "unpriced_ms_per_pass"]
 BREAK_EVEN = ["pair", "engine", "config", "kind", "gain", "load", "lo", "hi", "lo_open", "hi_open", "loads", "text"]
 RECOMMENDATION = ["pair", "engine", "kind", "config", "up_to", "largest_load", "text", "switch"]
 
@@ -78,7 +82,8 @@ def predicted_requests(req: pd.DataFrame, c: dict[str, PassCurve]) -> pd.DataFra
     that load), the job's pass curves and its own counters (tokens over target passes)."""
     out = []
     if "target" not in c:
-        return pd.DataFrame(columns=["label", "load", "block", "kind", "request", "plain_s", "predicted_s"])
+        return pd.DataFrame(columns=["label", "load", "block", "kind", "request", "plain_s", "predicted_s",
+                                     "unpriced_s"])
     for (load, block), blk in req.groupby(["load", "block"], sort=False):
         plain = blk[blk.arm == "plain"].set_index("request")
         for r in blk[blk.arm != "plain"].itertuples():
@@ -88,9 +93,13 @@ def predicted_requests(req: pd.DataFrame, c: dict[str, PassCurve]) -> pd.DataFra
             draft = c.get("draft") if drafter_runs_model(str(r.drafter)) else None
             p = predict_load(c["target"], draft, int(load), int(r.k), r.new_tokens / r.passes, float(r.new_tokens),
                              float(twin.ttft_s), float(twin.tpot_s))
+            tau = r.new_tokens / r.passes
             out.append({"label": r.label, "load": int(load), "block": block, "kind": r.kind, "request": r.request,
-                        "plain_s": float(twin.latency_s), "predicted_s": p.spec_latency_s})
-    return pd.DataFrame(out, columns=["label", "load", "block", "kind", "request", "plain_s", "predicted_s"])
+                        "plain_s": float(twin.latency_s), "predicted_s": p.spec_latency_s,
+                        # what a speculative pass took beyond its price: the engine's own cost of speculating
+                        "unpriced_s": (float(r.tpot_s) - p.spec_token_s) * tau})
+    return pd.DataFrame(out, columns=["label", "load", "block", "kind", "request", "plain_s", "predicted_s",
+                                      "unpriced_s"])
 
 
 def job_gains(rows: pd.DataFrame) -> pd.DataFrame:
@@ -102,14 +111,16 @@ def job_gains(rows: pd.DataFrame) -> pd.DataFrame:
     if g.empty:
         return g
     pred = predicted_requests(req, curves(rows[rows.measure == "pass"]))
-    latency, throughput = {}, {}
+    latency, throughput, unpriced = {}, {}, {}
     for (label, load, block), b in pred.groupby(["label", "load", "block"], sort=False):
         for kind, s in [(ALL, b), *b.groupby("kind")]:
             latency[(label, load, block, kind)] = s.plain_s.median() / s.predicted_s.median()
             throughput[(label, load, block, kind)] = s.plain_s.sum() / s.predicted_s.sum()
+            unpriced[(label, load, block, kind)] = s.unpriced_s.median()
     keys = list(zip(g.label, g.load, g.block, g.kind))
     return g.assign(predicted=[latency.get(k, np.nan) for k in keys],
                     predicted_throughput=[throughput.get(k, np.nan) for k in keys],
+                    unpriced_s=[unpriced.get(k, np.nan) for k in keys],
                     engine=str(req.engine.iloc[0]), pair=str(req.pair.iloc[0]))
 
 
@@ -129,7 +140,8 @@ def gains_table(blocks: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
                     "plain_tokens_per_s": float(g.plain_tokens_per_s.median()),
                     "tokens_per_s": float(g.tokens_per_s.median()), "plain_tpot_ms": 1e3 * float(g.plain_tpot_s.median()),
                     "tpot_ms": 1e3 * float(g.tpot_s.median()), "predicted": pred,
-                    "predicted_throughput": pred_thr, "latency_error": pred - lat, "throughput_error": pred_thr - thr})
+                    "predicted_throughput": pred_thr, "latency_error": pred - lat, "throughput_error": pred_thr - thr,
+                    "unpriced_ms_per_pass": 1e3 * float(g.unpriced_s.median())})
     return pd.DataFrame(out, columns=GAINS)
 
 
@@ -164,7 +176,8 @@ def recommendation(gains: pd.DataFrame, arms: dict[tuple[str, str, str], Arm]) -
         arm = arms[(pair, engine, best)]
         switch = SWITCHES[engine](arm, up_to) if engine in SWITCHES and 0 < up_to < largest else ""
         if up_to == 0:
-            text = f"plain at every load measured ({best} x{mine.throughput_gain.iloc[0]:.2f} at {int(mine.load.min())})"
+            text = (f"plain at every load measured ({best}: throughput x{mine.throughput_gain.iloc[0]:.2f} at "
+                    f"{int(mine.load.min())})")
         elif up_to >= largest:
             text = f"speculate with {best} at every load measured (up to {largest})"
         else:
@@ -235,6 +248,9 @@ def figure(gains: pd.DataFrame, path: Path) -> None:
                 ax.plot(c.load, c.predicted_throughput, "k:", lw=1, label=f"{config}: throughput predicted")
             ax.axhline(1, color="grey", ls=":", lw=1)
             ax.set_xscale("log", base=2)
+            loads = sorted(int(x) for x in g.load.unique())
+            ax.set_xticks(loads, [str(x) for x in loads])
+            ax.minorticks_off()
             ax.set_title(f"{pair} · {engine_name(engine)} · {kind}", fontsize=8)
             if j == 0:
                 ax.set_ylabel("gain over plain")
@@ -264,10 +280,21 @@ def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> s
     for r in rec[rec.kind == ALL].itertuples():
         b = be[(be.pair == r.pair) & (be.engine == r.engine) & (be.config == r.config) & (be.kind == ALL)]
         said = "; ".join(f"{x.gain}: {x.text}" for x in b.itertuples())
-        s.append(f"- {r.pair} · **{engine_name(r.engine)}** {r.config}: {said}. **{r.text}**"
-                 + (f" ({r.switch})" if r.switch else ""))
+        kinds = rec[(rec.pair == r.pair) & (rec.engine == r.engine) & (rec.kind != ALL)]
+        per_kind = "; ".join(f"{k.kind}: {kind_words(k)}" for k in kinds.itertuples())
+        s.append(f"- {r.pair} · **{engine_name(r.engine)}** {r.config}: {said}. All kinds: **{r.text}**"
+                 + (f" ({r.switch})" if r.switch else "") + (f". Per kind: {per_kind}" if per_kind else ""))
     s.append(f"\nPer kind, the gains at each load predicted and measured: [{link}]({link}).\n")
     return "\n".join(s)
+
+
+def kind_words(r) -> str:
+    """A kind's recommendation in a few words (the first screen's per-kind part)."""
+    if r.up_to == 0:
+        return "plain"
+    if r.up_to >= r.largest_load:
+        return f"{r.config} at every load (to {r.largest_load})"
+    return f"{r.config} up to {r.up_to}, plain above"
 
 
 def not_measured(campaign: str) -> str:
@@ -292,10 +319,11 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str, checks: pd.DataFram
                                  zip(gains.throughput_gain, gains.throughput_lo, gains.throughput_hi)])
     s.append("\nGains per load, measured (median over blocks, 95% distribution-free interval) and predicted by the time "
              "model (speclab/costs/load_model.py: the engine's passes over n tokens on one sequence, the counters' "
-             "tokens per pass), with the error predicted - measured:\n")
+             "tokens per pass), with the error predicted - measured, and what a speculative pass took beyond its "
+             "price (`unpriced_ms_per_pass`: the engine's own cost of speculating, which the passes do not show):\n")
     s.append(markdown_table(g[["pair", "engine", "config", "kind", "load", "blocks", "latency", "throughput",
                                "predicted", "predicted_throughput", "latency_error", "throughput_error", "alpha",
-                               "tokens_per_pass",
+                               "tokens_per_pass", "unpriced_ms_per_pass",
                                "plain_tpot_ms", "tpot_ms"]], ".2f"))
     if not checks.empty:
         s.append("\nThe load generator at load 1 against the speed stage's runs of the same plain requests, right after "
@@ -304,9 +332,22 @@ def markdown(tables: dict[str, pd.DataFrame], campaign: str, checks: pd.DataFram
     return "\n".join(s) + "\n"
 
 
+def headline(gains: pd.DataFrame, recommendation: pd.DataFrame, campaign: str) -> dict:
+    """The `dvc metrics show` row (outputs/metrics/load_campaign.json), in the columns of every campaign's row
+    (analysis.answer.headline_row): its cells are pair x engine x kind x load for the recommended configuration,
+    each a verdict on its throughput gain's interval (speculate / unclear / use plain / too few)."""
+    cells = gains.merge(recommendation[["pair", "engine", "kind", "config"]], on=["pair", "engine", "kind", "config"])
+    cells = cells.assign(campaign=campaign, speedup=cells.throughput_gain, speedup_lo=cells.throughput_lo,
+                         speedup_hi=cells.throughput_hi,
+                         verdict=[verdict(g, lo, hi, b) for g, lo, hi, b in
+                                  zip(cells.throughput_gain, cells.throughput_lo, cells.throughput_hi, cells.blocks)])
+    return headline_row(cells, campaign)
+
+
 def metrics(tables: dict[str, pd.DataFrame], checks: pd.DataFrame, campaign: str) -> dict:
-    """The `dvc metrics show` row: per pair and engine, the recommended configuration's break-even loads on all
-    kinds, the largest prediction error and the load generator's check."""
+    """The detail (outputs/metrics/detail/load.json): per pair and engine, the recommended configuration's
+    break-even loads on all kinds, the load up to which it speculates, the largest prediction error and the load
+    generator's check."""
     out: dict = {"campaign": campaign}
     be, gains = tables["break_even"], tables["gains"]
     for r in tables["recommendation"][tables["recommendation"].kind == ALL].itertuples():
@@ -345,8 +386,9 @@ def main() -> None:
     fig = Path(params["figures_dir"]) / FIGURE
     if not tables["gains"].empty:
         figure(tables["gains"], fig)
-    save_json(metrics(tables, checks, campaign), Path(params["metrics_dir"]) / f"{METRICS_KEY}.json")
-    import os
+    save_json(metrics(tables, checks, campaign), Path(params["metrics_dir"]) / "detail" / "load.json")
+    save_json(headline(tables["gains"], tables["recommendation"], campaign),
+              Path(params["metrics_dir"]) / f"{METRICS_KEY}.json")
     text = markdown(tables, campaign, checks, os.path.relpath(fig, out))
     atomic_write_text(out / "section.md", text)
     print(text)

@@ -21,6 +21,7 @@ import yaml
 from analysis import plot_page
 from analysis.answer import CAMPAIGN_KEYS
 from analysis.engines import METRICS_KEY
+from analysis.load import METRICS_KEY as LOAD_KEY
 from benchmarks.dvc_plots_check import html_id, network_loads
 from test_dvc_safety import BIN, REPO, copy_repository, run
 
@@ -30,7 +31,7 @@ DECLARED_PLOTS = {"speedup_by_k", "speedup_predicted_vs_measured", "alpha_by_k",
 needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in .venv")
 needs_chromium = pytest.mark.skipif(not shutil.which("chromium"), reason="Chromium is not installed")
 WIDTH = 200  # a terminal's columns `dvc metrics show` may take
-DETAIL = ("answer", "batch", "engines", "headline", "planner", "spec_bench", "time_model", "trees")
+DETAIL = ("answer", "batch", "engines", "headline", "load", "planner", "spec_bench", "time_model", "trees")
 
 
 def declared_metrics(spec: dict) -> list[str]:
@@ -51,7 +52,7 @@ def test_metrics_show_is_one_short_table():
     spec = yaml.safe_load((REPO / "dvc.yaml").read_text())
     declared = declared_metrics(spec)
     # a row per campaign of the answer, and the engines line's (analysis.engines)
-    assert sorted(declared) == sorted(f"outputs/metrics/{key}.json" for key in (*CAMPAIGN_KEYS, METRICS_KEY))
+    assert sorted(declared) == sorted(f"outputs/metrics/{key}.json" for key in (*CAMPAIGN_KEYS, METRICS_KEY, LOAD_KEY))
     files = {path: json.loads((REPO / path).read_text()) for path in declared}
     for path, data in files.items():
         assert not any(isinstance(v, (dict, list)) for v in data.values()), f"{path}: one row, no nested keys"
@@ -151,8 +152,8 @@ def test_metrics_and_plots_show_and_diff_in_a_fresh_copy(tmp_path):
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)[""]["data"]
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert set(rows) == {f"outputs/metrics/{key}.json" for key in (*CAMPAIGN_KEYS, METRICS_KEY)}
-    for key in (*CAMPAIGN_KEYS, METRICS_KEY):
+    assert set(rows) == {f"outputs/metrics/{key}.json" for key in (*CAMPAIGN_KEYS, METRICS_KEY, LOAD_KEY)}
+    for key in (*CAMPAIGN_KEYS, METRICS_KEY, LOAD_KEY):
         assert rows[f"outputs/metrics/{key}.json"]["data"]["campaign"] == params[key]
     detail = run(["dvc", "metrics", "show", "--json", "outputs/metrics/detail/headline.json"], repo)
     assert detail.returncode == 0, detail.stderr

@@ -175,6 +175,8 @@ SAME_CONCEPT = {
     "batch.py": "the batched loop, the batch stage that runs it, the batch analysis that reads it",
     "divergence.py": "why a greedy output diverged (speclab) and the stage that asks it (pipeline)",
     "identity.py": "a config's hash (store) and a job's identity built on it (pipeline.jobs)",
+    "load.py": "a load of concurrent requests: speclab's batched loop serving one (engines.speclab), the load stage "
+               "(pipeline.stages), its analysis (analysis)",
     "inputs.py": "what a job reads besides its config (pipeline.jobs) and what a DVC stage reads (analysis)",
     "time_model.py": "the time model (speclab.costs) and its analysis (analysis)",
     "timing.py": "honest timing (speclab.decoding) and the timing stage that uses it (pipeline.stages)",

@@ -146,7 +146,7 @@ def test_a_key_stages_share_by_running_alike_is_declared_once():
     """``stage.rounds``: one field, inherited by every stage that runs its ks in rounds, never restated."""
     rounds = {name: schema.__dataclass_fields__["rounds"] for name, schema in STAGE_SCHEMAS.items()
               if "rounds" in schema.__dataclass_fields__}
-    assert set(rounds) == {"speed", "divergence", "batch", "all"}
+    assert set(rounds) == {"speed", "divergence", "batch", "all", "load"}
     assert all(f is RoundsStage.__dataclass_fields__["rounds"] for f in rounds.values()), \
         [name for name, f in rounds.items() if f is not RoundsStage.__dataclass_fields__["rounds"]]
 

@@ -1,6 +1,8 @@
 """speclab's own batched loop (speclab.decoding.batch) serving a load: waves of ``concurrency`` requests decoded as
 one batch, the next wave sent when the last one ends. A static batch, not continuous batching: a request waits for
-its wave's longest, which is what the loop users can deploy does (the engines' servers refill a slot at once)."""
+its wave's longest, which is what the loop users can deploy does (the engines' servers refill a slot at once).
+Same concept, other floors: ``pipeline/stages/load.py``, ``analysis/load.py``.
+"""
 from __future__ import annotations
 
 import time

@@ -348,7 +348,6 @@ class BatchStage(RoundsStage):
 
 @dataclass
 class LoadStage(RoundsStage):
-    rounds: int = same_as(RoundsStage, "rounds", 6)
     concurrency: list[int] = setting([1, 2, 4, 8], ints_at_least(1, nonempty=True),
                                      doc="the loads: closed-loop clients, each sending its next request when its last "
                                          "is answered")

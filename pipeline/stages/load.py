@@ -13,6 +13,7 @@ right after the block: the load generator's tokens/s against the speed stage's, 
 Step and check times are taken before and after the blocks (the drift check, and the costs the analysis predicts
 the gains from: analysis/load.py, speclab/costs/load_model.py). An engine that cannot serve a load says so in one
 line, and the job goes on without that configuration at that load.
+Same concept, other floors: ``engines/speclab/load.py``, ``analysis/load.py``.
 """
 from __future__ import annotations
 
