@@ -59,7 +59,7 @@ def _dead_and_interrupted(ctx, kill):
     assert run.stopped.startswith("interrupted") and 0 < len(run.sent) < len(inputs)
     assert [s.index for s in run.sent] == list(range(len(run.sent)))  # every request sent was answered
     assert all(len(s.measured.tokens) > 0 for s in run.sent)
-    timer = threading.Timer(1.5, kill)
+    timer = threading.Timer(4.0, kill)  # a few requests answered first (about 2 s each at 48 tokens here)
     timer.start()
     run = engine.serve_load(ctx, PLAIN, inputs, 2)
     timer.cancel()
