@@ -40,7 +40,7 @@ from analysis.answer import ENGINE_NAMES, SPECLAB, config_label, headline_row, v
 from analysis.common import (bootstrap_ci, bootstrap_settings, load_params, markdown_table, read_stage_if_any,
                              read_table, run_script, save_csv, save_json, save_table)
 from analysis.drift import drift_table, drop_drifted
-from analysis.inputs import AnalysisError, campaign_dir
+from analysis.inputs import named_campaign
 from speclab.specs.arms import NONE, PLAN, Arm, drafter_runs_model
 from speclab.costs.engine_plan import (Overheads, engine_costs, engine_counts, fit_overheads, predict_requests,
                                       speed_requests)
@@ -502,10 +502,7 @@ def read_campaign(params: dict, campaign: str) -> tuple[pd.DataFrame, pd.DataFra
 
 def main() -> None:
     params = load_params()
-    campaign = params.get("engines_campaign")
-    if not campaign:
-        raise AnalysisError("params.yaml names no engines_campaign: add `engines_campaign: <campaign>`")
-    campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
+    campaign = named_campaign(params, "engines_campaign")
     speed, timing, acceptance = read_campaign(params, campaign)
     tables = compute(speed, timing, bootstrap_settings(params), acceptance)
     out = Path(params["analysis_dir"]) / FOLDER

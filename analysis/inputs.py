@@ -34,6 +34,16 @@ def campaign_dir(outputs_dir: str | Path, campaign: str) -> Path:
         return layout.campaign_dir(outputs_dir, campaign)
 
 
+def named_campaign(params: dict, key: str) -> str:
+    """The campaign params.yaml names under ``key`` (AnalysisError in one line where it names none), checked to be a
+    name, never a path."""
+    campaign = params.get(key)
+    if not campaign:
+        raise AnalysisError(f"params.yaml names no {key}: add `{key}: <campaign>`")
+    campaign_dir(params["outputs_dir"], campaign)
+    return str(campaign)
+
+
 def require_results(outputs_dir: str | Path, campaign: str) -> None:
     """A campaign named in params.yaml must hold some result, or every table would silently be empty."""
     if not any(layout.stage_paths(outputs_dir, campaign, s) for s in STAGES):

@@ -33,9 +33,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.answer import headline_row
-from analysis.common import (load_params, markdown_table, read_stage_if_any, read_table, run_script, save_csv,
+from analysis.common import (bootstrap_settings, load_params, markdown_table, read_stage_if_any, read_table, run_script, save_csv,
                              save_json, save_table)
-from analysis.inputs import AnalysisError, campaign_dir
+from analysis.inputs import named_campaign
 from engines.llama_cpp import arms as llama_arms
 from engines.vllm import arms as vllm_arms
 from speclab.costs.load_model import PassCurve, predict_load
@@ -276,7 +276,8 @@ def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> s
     if rec is None or rec.empty:
         return "\n".join(s + [not_measured(campaign), ""])
     s.append("Per pair and engine, speculation against plain decoding at 1, 2, 4, 8 concurrent requests (closed loop; "
-             "the load at which the gain reaches 1, 95% bootstrap interval over blocks):\n")
+             "the load at which the gain reaches 1, 95% bootstrap interval over blocks; per kind and load, predicted "
+             f"and measured: [{link}]({link})):\n")
     for r in rec[rec.kind == ALL].itertuples():
         b = be[(be.pair == r.pair) & (be.engine == r.engine) & (be.config == r.config) & (be.kind == ALL)]
         said = "; ".join(f"{x.gain}: {x.text}" for x in b.itertuples())
@@ -284,7 +285,7 @@ def first_screen(tables: dict[str, pd.DataFrame], campaign: str, link: str) -> s
         per_kind = "; ".join(f"{k.kind}: {kind_words(k)}" for k in kinds.itertuples())
         s.append(f"- {r.pair} · **{engine_name(r.engine)}** {r.config}: {said}. All kinds: **{r.text}**"
                  + (f" ({r.switch})" if r.switch else "") + (f". Per kind: {per_kind}" if per_kind else ""))
-    s.append(f"\nPer kind, the gains at each load predicted and measured: [{link}]({link}).\n")
+    s.append("")
     return "\n".join(s)
 
 
@@ -370,13 +371,10 @@ def read_tables(analysis_dir: str | Path) -> dict[str, pd.DataFrame]:
 
 def main() -> None:
     params = load_params()
-    campaign = params.get("load_campaign")
-    if not campaign:
-        raise AnalysisError("params.yaml names no load_campaign: add `load_campaign: <campaign>`")
-    campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
+    campaign = named_campaign(params, "load_campaign")
     rows = read_stage_if_any(params["outputs_dir"], "load", campaign)
-    boot = params.get("bootstrap") or {}
-    tables = compute(rows, float(boot.get("level", 0.95)), int(boot.get("samples", 2000)), int(boot.get("seed", 0)))
+    boot = bootstrap_settings(params)
+    tables = compute(rows, boot["level"], boot["samples"], boot["seed"])
     tables.pop("blocks")
     checks = speed_check(rows)
     out = Path(params["analysis_dir"]) / FOLDER

@@ -140,33 +140,30 @@ def trees(params: dict) -> dict | None:
     return found
 
 
-def engines(params: dict) -> str:
-    """The cross-engine block under the answer (analysis.engines): each engine's plain tokens/s and best
-    configuration per pair and kind, the transfer's error, the link to the section; "" without the campaign."""
-    campaign = params.get("engines_campaign")
+def first_screen_block(params: dict, key: str, folder: str, title: str, script: str, render) -> str:
+    """A block under the answer read from an analysis stage's tables: ``render(tables, campaign, link)``, its
+    "no section yet" line where the stage has not run, "" where params.yaml names no campaign for ``key``."""
+    campaign = params.get(key)
     if not campaign:
         return ""
     campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
-    section = Path(params["analysis_dir"]) / ENGINES / "section.md"
+    section = Path(params["analysis_dir"]) / folder / "section.md"
     if not section.is_file():
-        return (f"### Across engines (campaign {campaign})\n\n_no section yet: run `python -m analysis.engines` "
-                "(or `dvc repro`)_\n")
-    return first_screen(engine_tables(params["analysis_dir"]), campaign,
-                        os.path.relpath(section, params["outputs_dir"]))
+        return f"### {title} (campaign {campaign})\n\n_no section yet: run `python -m {script}` (or `dvc repro`)_\n"
+    return render(campaign, os.path.relpath(section, params["outputs_dir"]))
+
+
+def engines(params: dict) -> str:
+    """The cross-engine block under the answer (analysis.engines): each engine's plain tokens/s and best
+    configuration per pair and kind, the transfer's error, the link to the section; "" without the campaign."""
+    return first_screen_block(params, "engines_campaign", ENGINES, "Across engines", "analysis.engines",
+                              lambda c, link: first_screen(engine_tables(params["analysis_dir"]), c, link))
 
 
 def under_load(params: dict) -> str:
     """The under-load block under the engines' (analysis.load): a line per pair and engine; "" without the campaign."""
-    campaign = params.get("load_campaign")
-    if not campaign:
-        return ""
-    campaign_dir(params["outputs_dir"], campaign)  # a name, never a path
-    section = Path(params["analysis_dir"]) / LOAD / "section.md"
-    if not section.is_file():
-        return (f"### Under load (campaign {campaign})\n\n_no section yet: run `python -m analysis.load` "
-                "(or `dvc repro`)_\n")
-    return load_first_screen(load_tables(params["analysis_dir"]), campaign,
-                             os.path.relpath(section, params["outputs_dir"]))
+    return first_screen_block(params, "load_campaign", LOAD, "Under load", "analysis.load",
+                              lambda c, link: load_first_screen(load_tables(params["analysis_dir"]), c, link))
 
 
 def correctness(t: dict[str, pd.DataFrame]) -> dict[str, int]:
