@@ -41,7 +41,7 @@ from engines.vllm import arms as vllm_arms
 from speclab.costs.load_model import PassCurve, predict_load
 from speclab.specs.arms import ENGINE_NAMES, Arm, drafter_runs_model
 from speclab.stats.break_even import break_even
-from speclab.stats.load_gains import ALL, block_gains, gain_interval
+from speclab.stats.load_gains import ALL, block_gains, gain_interval, speed_check as check_speed
 from speclab.stats.verdict import verdict
 from store.files import atomic_write_text
 
@@ -202,26 +202,23 @@ def compute(rows: pd.DataFrame, level: float = 0.95, samples: int = 2000, seed: 
             "recommendation": recommendation(gains, arms), "blocks": blocks}
 
 
+CHECK = ["pair", "engine", "blocks", "load_tokens_per_s", "speed_tokens_per_s", "ratio"]
+
+
 def speed_check(rows: pd.DataFrame) -> pd.DataFrame:
     """Per pair and engine: the load generator's plain tokens/s at load 1 over the speed stage's runs of the same
-    requests right after (median of the blocks' ratios)."""
+    requests right after (speclab.stats.load_gains.speed_check over its jobs' blocks)."""
     out = []
     if rows.empty:
-        return pd.DataFrame(columns=["pair", "engine", "blocks", "load_tokens_per_s", "speed_tokens_per_s", "ratio"])
+        return pd.DataFrame(columns=CHECK)
     rows = rows.assign(block=rows.config_hash.astype(str) + ":" + rows.block.astype(str))
     for (pair, engine), g in rows.groupby(["pair", "engine"], sort=True):
-        speed = g[g.measure == "speed_run"]
-        load = g[(g.measure == "request") & (g.load == 1) & (g.arm == "plain")]
-        r = []
-        for b, s in speed.groupby("block"):
-            blk = load[load.block == b]
-            if len(blk):
-                r.append((float(blk.block_tokens_per_s.iloc[0]), s.new_tokens.sum() / s.latency_s.sum()))
-        if r:
-            a = np.array(r)
-            out.append({"pair": pair, "engine": engine, "blocks": len(a), "load_tokens_per_s": float(np.median(a[:, 0])),
-                        "speed_tokens_per_s": float(np.median(a[:, 1])), "ratio": float(np.median(a[:, 0] / a[:, 1]))})
-    return pd.DataFrame(out, columns=["pair", "engine", "blocks", "load_tokens_per_s", "speed_tokens_per_s", "ratio"])
+        c = check_speed(g)
+        if c is not None:
+            out.append({"pair": pair, "engine": engine, "blocks": int(c["speed_check_blocks"]),
+                        "load_tokens_per_s": c["load_tokens_per_s"], "speed_tokens_per_s": c["speed_tokens_per_s"],
+                        "ratio": c["speed_check_ratio"]})
+    return pd.DataFrame(out, columns=CHECK)
 
 
 def figure(gains: pd.DataFrame, path: Path) -> None:

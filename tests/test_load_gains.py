@@ -34,3 +34,16 @@ def test_no_interval_from_fewer_blocks_than_the_median_needs():
     assert point == pytest.approx(1.2) and np.isnan(lo) and np.isnan(hi)
     point, lo, hi = gain_interval(np.array([1.1, 1.2, 1.3, 1.0, 1.2, 1.25]))
     assert lo == 1.0 and hi == 1.3
+
+
+def test_the_speed_check_sets_each_load_one_block_beside_the_speed_runs_after_it():
+    from speclab.stats.load_gains import speed_check
+    rows = pd.DataFrame(
+        [{"measure": "request", "load": 1, "arm": "plain", "block": b, "block_tokens_per_s": tps, "new_tokens": 8,
+          "latency_s": 1.0} for b, tps in ((0, 10.0), (1, 12.0))]
+        + [{"measure": "speed_run", "load": 1, "arm": "plain", "block": b, "block_tokens_per_s": np.nan,
+            "new_tokens": 8, "latency_s": lat} for b, lat in ((0, 0.8), (0, 0.8), (1, 0.5), (1, 0.5))])
+    c = speed_check(rows)
+    assert c["speed_check_blocks"] == 2 and c["speed_tokens_per_s"] == pytest.approx(13.0)  # median of 10 and 16
+    assert c["speed_check_ratio"] == pytest.approx(np.median([10 / 10, 12 / 16]))
+    assert speed_check(rows[rows.measure == "request"]) is None

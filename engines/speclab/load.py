@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import time
 
-from pipeline.engines.base import RequestResult
+from pipeline.engines.base import LoadRefused, RequestResult
 from pipeline.engines.closed_loop import LoadRun, Sent
 from pipeline.jobs.context import StageContext, generator, sampling_config
 from speclab.decoding.batch import BatchResult, batch_plain_generate, batch_speculative_generate
 from speclab.specs.arms import Arm
-from pipeline.engines.base import LoadRefused
 
 
 def wave(ctx: StageContext, arm: Arm, ids: list, gen) -> BatchResult:
@@ -30,8 +29,8 @@ def wave(ctx: StageContext, arm: Arm, ids: list, gen) -> BatchResult:
 
 
 def serve_waves(ctx: StageContext, arm: Arm, inputs: list, concurrency: int) -> LoadRun:
-    """``inputs`` in waves of ``concurrency``; every request of a wave starts and ends with it. Ctrl-C ends the load
-    after the wave in flight... which cannot be interrupted mid-batch without losing it: the waves done are kept."""
+    """``inputs`` in waves of ``concurrency``; every request of a wave starts and ends with it. Ctrl-C ends the load:
+    the wave in flight is one batch, lost with it; the waves done are kept."""
     gen = generator(ctx)
     wave(ctx, arm, [inputs[0]], gen)  # warm: first calls allocate and pick kernels
     run = LoadRun(concurrency)

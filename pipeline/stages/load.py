@@ -28,9 +28,10 @@ from pipeline.engines.closed_loop import LoadRun, LoadStopped
 from pipeline.jobs.context import StageContext, generator, stage_ks
 from pipeline.jobs.run_names import run_name
 from pipeline.jobs.stage_output import ArmResult, StageOutput
+from pipeline.stages.speed import arm_name
 from pipeline.stages.shared import IDENTITY_FIELDS, MEMORY_FIELDS, TRUST_FIELDS, identity, rotated
 from speclab.specs.arms import PLAIN, RECOMMENDED, Arm
-from speclab.stats.load_gains import block_gains, gain_interval
+from speclab.stats.load_gains import block_gains, gain_interval, speed_check
 from store.records import make_schema
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def run(ctx: StageContext) -> StageOutput:
             except LoadRefused as err:
                 refused[(arm, c)] = str(err)
                 log.warning(f"load: {engine.name} cannot serve load {c} with "
-                            f"{'plain' if arm == PLAIN else arm.label}: {err}")
+                            f"{arm_name(arm)}: {err}")
     block, stopped = 0, ""
     for r in range(int(st.rounds)):
         for c in rotated(loads, cfg, r):
@@ -141,14 +142,14 @@ def run(ctx: StageContext) -> StageOutput:
                     log.warning(f"load: {engine.name} cannot serve load {c} with {arm.label}: {err}")
                     continue
                 if runs[arm].stopped:
-                    stopped = f"load {c}, {'plain' if arm == PLAIN else arm.label}: {runs[arm].stopped}"
+                    stopped = f"load {c}, {arm_name(arm)}: {runs[arm].stopped}"
                     break
             plain = {s.index: s.measured.tokens for s in runs[PLAIN].sent} if PLAIN in runs else None
             mem = engine.memory(ctx)
             for arm, lr in runs.items():
                 head = {**identity(ctx), "measure": "request", "round": int(cfg.round) + r,
                         "rotation": int(cfg.rotation), "block": block, "load": c, "arm": arm.method,
-                        "label": "plain" if arm == PLAIN else arm.label, **arm.columns(),
+                        "label": arm_name(arm), **arm.columns(),
                         "position": order.index(arm), **mem}
                 rows += [{**head, **row} for row in block_rows(lr, prompts, plain if arm != PLAIN else None)]
             if c == 1 and bool(st.speed_check) and not stopped:
@@ -171,7 +172,7 @@ def run(ctx: StageContext) -> StageOutput:
         keep_answered(cfg, df, stopped)
     out = summarize(df, cfg)
     out.summary += [f"cannot serve: {line}" for line in dict.fromkeys(
-        f"load {c}, {'plain' if a == PLAIN else a.label}: {why}" for (a, c), why in refused.items())]
+        f"load {c}, {arm_name(a)}: {why}" for (a, c), why in refused.items())]
     return out
 
 
@@ -211,7 +212,7 @@ def speed_runs(ctx: StageContext, engine, prompts: list, inputs: list, block: in
 
 
 def block_line(load: int, runs: dict[Arm, LoadRun]) -> str:
-    parts = [f"{'plain' if a == PLAIN else a.label} {sum(len(s.measured.tokens) for s in lr.sent) / lr.wall_s:.1f} "
+    parts = [f"{arm_name(a)} {sum(len(s.measured.tokens) for s in lr.sent) / lr.wall_s:.1f} "
              f"tok/s" for a, lr in runs.items() if lr.wall_s > 0]
     return f"load {load}: " + ", ".join(parts)
 
@@ -261,26 +262,3 @@ def summarize(df: pd.DataFrame, cfg: DictConfig) -> StageOutput:
 def interval_text(m: dict, what: str) -> str:
     lo, hi = m[f"{what}_gain_lo"], m[f"{what}_gain_hi"]
     return f"x{m[f'{what}_gain']:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if lo == lo else " (no interval)")
-
-
-def speed_check(df: pd.DataFrame) -> dict[str, float] | None:
-    """The load generator's plain tokens/s at load 1 (each block's tokens over its wall time) over the speed stage's
-    (the same requests' tokens over their summed wall times, run right after), the median of the blocks' ratios."""
-    speed = df[df.measure == "speed_run"]
-    if not len(speed):
-        return None
-    load = df[(df.measure == "request") & (df.load == 1) & (df.arm == "plain")]
-    ratios, lt, stt = [], [], []
-    for b, s in speed.groupby("block"):
-        blk = load[load.block == b]
-        if not len(blk):
-            continue
-        ltps = float(blk.block_tokens_per_s.iloc[0])
-        stps = s.new_tokens.sum() / s.latency_s.sum()
-        ratios.append(ltps / stps)
-        lt.append(ltps)
-        stt.append(stps)
-    if not ratios:
-        return None
-    return {"speed_check_ratio": float(np.median(ratios)), "load_tokens_per_s": float(np.median(lt)),
-            "speed_tokens_per_s": float(np.median(stt)), "speed_check_blocks": float(len(ratios))}

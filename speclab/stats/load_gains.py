@@ -67,3 +67,22 @@ def gain_interval(gains: np.ndarray, level: float = 0.95) -> tuple[float, float,
         return np.nan, np.nan, np.nan
     lo, hi = median_ci(gains, level) if len(gains) >= runs_needed(level) else (np.nan, np.nan)
     return float(np.median(gains)), float(lo), float(hi)
+
+
+def speed_check(rows: pd.DataFrame) -> dict[str, float] | None:
+    """The load generator's plain tokens/s at load 1 (each block's tokens over its wall time) over the speed stage's
+    runs of the same requests right after it (their tokens over their summed wall times): the medians over blocks
+    and the median of the blocks' ratios. ``rows``: one job's load rows (request and speed_run); None without a
+    speed run."""
+    speed = rows[rows.measure == "speed_run"]
+    load = rows[(rows.measure == "request") & (rows.load == 1) & (rows.arm == "plain")]
+    pairs = []
+    for block, s in speed.groupby("block"):
+        blk = load[load.block == block]
+        if len(blk):
+            pairs.append((float(blk.block_tokens_per_s.iloc[0]), float(s.new_tokens.sum() / s.latency_s.sum())))
+    if not pairs:
+        return None
+    a = np.array(pairs)
+    return {"speed_check_ratio": float(np.median(a[:, 0] / a[:, 1])), "load_tokens_per_s": float(np.median(a[:, 0])),
+            "speed_tokens_per_s": float(np.median(a[:, 1])), "speed_check_blocks": float(len(a))}
